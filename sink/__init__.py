@@ -1,0 +1,26 @@
+"""Spark Structured Streaming upsert sink for Delta Lake, with a RocksDB key index."""
+
+from sink.config import SinkConfig
+from sink.errors import (
+    CommitConflictError,
+    ConfigError,
+    PartitionLoadError,
+    ReplicaLockedError,
+    SchemaError,
+    SinkError,
+    WriterIdReusedError,
+)
+from sink.foreach_batch import BatchReport, UpsertSink
+
+__all__ = [
+    "BatchReport",
+    "CommitConflictError",
+    "ConfigError",
+    "PartitionLoadError",
+    "ReplicaLockedError",
+    "SchemaError",
+    "SinkConfig",
+    "SinkError",
+    "UpsertSink",
+    "WriterIdReusedError",
+]

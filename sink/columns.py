@@ -1,0 +1,16 @@
+"""Names of the helper columns the sink adds to a batch (prefixed to avoid user columns)."""
+
+KEY = "__sink_key"
+SHARD = "__sink_shard"
+ORDERING = "__sink_ordering"
+DELETE = "__sink_delete"
+SEQ = "__sink_seq"
+REASON = "__sink_reason"
+OP = "__sink_op"
+WRITE = "__sink_write"
+HIT = "__sink_hit"
+STATS = "__sink_stats"
+
+PREFIX = "__sink_"
+# The row a tagging task adds to report its counters.
+STATS_OP = "_stats"

@@ -1,0 +1,180 @@
+"""SinkConfig: the sink's options, from Python or from the `[sink]` table of a TOML file."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sink.errors import ConfigError
+
+SCOPES = ("partitioned", "global")
+ENGINES = ("deltalake", "delta-spark")
+TIES = ("incoming", "existing")
+
+
+@dataclass
+class SinkConfig:
+    """What the sink writes where. Field names are the keys of the TOML `[sink]` table."""
+
+    table_uri: str
+    key: list[str]
+    ordering: str
+    partition_by: list[str] = field(default_factory=list)
+    delete_when: str | None = None
+    scope: str = "partitioned"
+    checkpoint_dir: str | None = None
+    writer_id: str | None = None
+    index_dir: str | None = None
+    num_shards: int | None = None
+    bootstrap_days: int = 7
+    partition_ttl_hours: int = 168
+    engine: str = "deltalake"
+    metrics_port: int = 9466
+    # Which record wins when the incoming ordering value equals the stored one.
+    ties: str = "incoming"
+    quarantine_table_uri: str | None = None
+    # Deleted keys and their ordering, so a late older update stays deleted after a reload.
+    tombstone_table_uri: str | None = None
+    max_commit_retries: int = 3
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> SinkConfig:
+        """Read the `[sink]` table of a TOML file; relative paths resolve against the file."""
+        doc = _read_toml(path)
+        if "sink" not in doc:
+            raise ConfigError(f"{path}: no [sink] table")
+        return cls.from_dict(doc["sink"], base_dir=Path(path).resolve().parent)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], base_dir: Path | None = None) -> SinkConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown sink key(s) {unknown}; accepted keys: {sorted(known)}"
+            )
+        missing = [k for k in ("table_uri", "key", "ordering") if k not in values]
+        if missing:
+            raise ConfigError(f"sink key(s) {missing} are required")
+        values = dict(values)
+        if base_dir is not None:
+            for name in _PATH_KEYS:
+                if values.get(name):
+                    values[name] = _resolve(values[name], base_dir)
+        if isinstance(values.get("key"), str):
+            values["key"] = [values["key"]]
+        if isinstance(values.get("partition_by"), str):
+            values["partition_by"] = [values["partition_by"]]
+        return cls(**values)
+
+    def validate(self) -> None:
+        _require_str("table_uri", self.table_uri)
+        _require_columns("key", self.key, allow_empty=False)
+        _require_columns("partition_by", self.partition_by, allow_empty=True)
+        _require_str("ordering", self.ordering)
+        _require_choice("scope", self.scope, SCOPES)
+        _require_choice("engine", self.engine, ENGINES)
+        _require_choice("ties", self.ties, TIES)
+        if self.scope == "global":
+            raise ConfigError("scope = 'global' is not implemented yet; accepted: 'partitioned'")
+        if self.engine == "delta-spark":
+            raise ConfigError("engine = 'delta-spark' is not implemented yet; accepted: 'deltalake'")
+        overlap = set(self.key) & set(self.partition_by)
+        if overlap:
+            raise ConfigError(f"key and partition_by share column(s) {sorted(overlap)}")
+        if self.ordering in self.key or self.ordering in self.partition_by:
+            raise ConfigError(f"ordering column {self.ordering!r} must not be a key or partition column")
+        if self.delete_when is not None:
+            _require_str("delete_when", self.delete_when)
+        if self.num_shards is not None:
+            _require_int("num_shards", self.num_shards, 1, 4096)
+        _require_int("bootstrap_days", self.bootstrap_days, 0, 100_000)
+        _require_int("partition_ttl_hours", self.partition_ttl_hours, 1, 1_000_000)
+        _require_int("metrics_port", self.metrics_port, 0, 65535)
+        _require_int("max_commit_retries", self.max_commit_retries, 0, 100)
+        if self.writer_id is not None:
+            _require_str("writer_id", self.writer_id)
+        if self.writer_id is None and self.checkpoint_dir is None:
+            raise ConfigError(
+                "set checkpoint_dir (the query's checkpoint location) or writer_id: "
+                "the writer id makes commits exactly-once and must change with the checkpoint"
+            )
+
+    @property
+    def resolved_writer_id(self) -> str:
+        """The Delta app id of this writer: explicit, or derived from table + checkpoint."""
+        if self.writer_id:
+            return self.writer_id
+        seed = f"{_normalize(self.table_uri)}|{_normalize(self.checkpoint_dir or '')}"
+        return "upsert-sink-" + hashlib.sha256(seed.encode()).hexdigest()[:16]
+
+    @property
+    def resolved_quarantine_uri(self) -> str:
+        return self.quarantine_table_uri or _sibling(self.table_uri, "_quarantine")
+
+    @property
+    def resolved_tombstone_uri(self) -> str:
+        return self.tombstone_table_uri or _sibling(self.table_uri, "_tombstones")
+
+    @property
+    def incoming_wins_ties(self) -> bool:
+        return self.ties == "incoming"
+
+
+_PATH_KEYS = ("table_uri", "checkpoint_dir", "index_dir", "quarantine_table_uri", "tombstone_table_uri")
+
+
+def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file not found: {path}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+
+
+def _resolve(value: str, base_dir: Path) -> str:
+    if "://" in value or os.path.isabs(value):
+        return value
+    return str((base_dir / value).resolve())
+
+
+def _normalize(uri: str) -> str:
+    return uri if "://" in uri else os.path.abspath(uri).rstrip("/")
+
+
+def _sibling(uri: str, suffix: str) -> str:
+    return uri.rstrip("/") + suffix
+
+
+def _require_str(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _require_columns(name: str, value: object, allow_empty: bool) -> None:
+    if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+        raise ConfigError(f"{name} must be a list of column names, got {value!r}")
+    if not value and not allow_empty:
+        raise ConfigError(f"{name} must name at least one column")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{name} lists a column twice: {value!r}")
+
+
+def _require_choice(name: str, value: object, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        raise ConfigError(f"{name} = {value!r} is not accepted; accepted values: {list(accepted)}")
+
+
+def _require_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer from {low} to {high}, got {value!r}")

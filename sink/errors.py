@@ -1,0 +1,29 @@
+"""One exception type per failure, all under SinkError."""
+
+
+class SinkError(Exception):
+    """Base class of every error the sink raises on purpose."""
+
+
+class ConfigError(SinkError, ValueError):
+    """A config value is missing or not one of the accepted values."""
+
+
+class SchemaError(SinkError, ValueError):
+    """The stream's schema does not fit the config (missing column, unsupported type)."""
+
+
+class WriterIdReusedError(SinkError):
+    """The table already holds later batches of this writer id: the checkpoint is new or reset."""
+
+
+class CommitConflictError(SinkError):
+    """Another writer kept winning the commit race after the bounded retries."""
+
+
+class PartitionLoadError(SinkError):
+    """A partition of the index could not be loaded from the table."""
+
+
+class ReplicaLockedError(SinkError):
+    """Another process holds this shard replica's RocksDB lock."""

@@ -1,0 +1,243 @@
+"""UpsertSink: the driver-side orchestration of one micro-batch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from sink import columns as C
+from sink import metrics
+from sink.config import SinkConfig
+from sink.errors import CommitConflictError, WriterIdReusedError
+from sink.executor import TaskContext, tag_batches
+from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
+from sink.lakehouse.log import SHARDS_PROPERTY
+from sink.prepare import prepare, tagged_schema, validate_stream
+from sink.tagging import OPS
+
+log = logging.getLogger("sink")
+
+QUARANTINE_REASON = "_quarantine_reason"
+QUARANTINE_BATCH = "_quarantine_batch_id"
+
+
+@dataclass
+class BatchReport:
+    """What one call did; the job logs it, tests and the demo read it."""
+
+    batch_id: int
+    records_in: int = 0
+    ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*OPS, "quarantined"), 0))
+    hits: int = 0
+    misses: int = 0
+    partition_loads: int = 0
+    load_seconds: float = 0.0
+    mode: str = "none"  # append | merge | skipped | none (nothing to change)
+    table_version: int | None = None
+    pruned_partitions: int = 0
+    retries: int = 0
+    tag_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    def summary(self) -> str:
+        o = self.ops
+        return (
+            f"batch={self.batch_id} in={self.records_in} inserted={o['insert']} updated={o['update']} "
+            f"deleted={o['delete']} stale={o['stale']} quarantined={o['quarantined']} "
+            f"hits={self.hits} misses={self.misses} loads={self.partition_loads} mode={self.mode} "
+            f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
+            f"commit_s={self.commit_seconds:.2f} total_s={self.total_seconds:.2f}"
+        )
+
+
+class UpsertSink:
+    """`writeStream.foreachBatch(UpsertSink(cfg))`: exactly-once upserts into a Delta table."""
+
+    def __init__(self, config: SinkConfig):
+        self.config = config
+        self.writer_id = config.resolved_writer_id
+        self.reports: list[BatchReport] = []
+        self._target = DeltaTarget(config.table_uri, config.partition_by)
+        self._validated = None
+        metrics.serve(config.metrics_port)
+
+    def validate(self, df: DataFrame) -> None:
+        """Check the stream against the config; the job calls it before starting the query."""
+        if self._validated != df.schema:
+            validate_stream(self.config, df)
+            self._validated = df.schema
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        cfg = self.config
+        self.validate(batch_df)
+        report = BatchReport(batch_id)
+        self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"))
+        self._target.refresh()
+        committed = self._target.transaction_version(self.writer_id)
+        if committed is not None and batch_id < committed:
+            raise WriterIdReusedError(
+                f"batch {batch_id} is older than batch {committed}, already committed to "
+                f"{cfg.table_uri} by writer_id {self.writer_id!r}: the checkpoint is new or was "
+                "reset. A new checkpoint location needs a new writer_id."
+            )
+        if committed is not None and batch_id == committed:
+            # Replay after a crash between the Delta commit and Spark's checkpoint.
+            self._write_tombstones(batch_df, batch_id)
+            report.mode = "skipped"
+            report.table_version = self._target.version()
+        else:
+            num_shards = cfg.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
+            prepared = prepare(batch_df, cfg, num_shards).persist()
+            try:
+                self._process(prepared, batch_df, batch_id, num_shards, report)
+            finally:
+                prepared.unpersist()
+        report.total_seconds = time.perf_counter() - started
+        self._publish(report)
+        self.reports.append(report)
+        log.info("upsert batch %s", report.summary())
+
+    def _process(self, prepared: DataFrame, batch_df: DataFrame, batch_id: int, num_shards: int,
+                 report: BatchReport) -> None:
+        cfg = self.config
+        bad = prepared.filter(F.col(C.REASON).isNotNull())
+        quarantined = bad.select(
+            *batch_df.columns,
+            F.col(C.REASON).alias(QUARANTINE_REASON),
+            F.lit(batch_id).cast("long").alias(QUARANTINE_BATCH),
+        ).toArrow()
+        append_once(cfg.resolved_quarantine_uri, quarantined, [], self.writer_id, batch_id)
+        report.ops["quarantined"] = quarantined.num_rows
+        good = prepared.filter(F.col(C.REASON).isNull())
+        out_schema = tagged_schema(batch_df.schema)
+        arrow_out = to_arrow_schema(out_schema, timezone="UTC")
+        for attempt in range(cfg.max_commit_retries + 1):
+            self._target.refresh()
+            ctx = TaskContext(
+                table_uri=cfg.table_uri,
+                tombstone_uri=cfg.resolved_tombstone_uri,
+                table_id=self._target.table_id(),
+                table_version=self._target.version(),
+                writer_id=self.writer_id,
+                batch_id=batch_id,
+                key_cols=tuple(cfg.key),
+                partition_cols=tuple(cfg.partition_by),
+                ordering=cfg.ordering,
+                num_shards=num_shards,
+                index_dir=cfg.index_dir,
+                incoming_wins_ties=cfg.incoming_wins_ties,
+                output_schema=arrow_out,
+            )
+            tag_started = time.perf_counter()
+            tagged = (
+                good.repartition(num_shards, F.col(C.SHARD))
+                .mapInArrow(partial(tag_batches, ctx), out_schema)
+                .toArrow()
+            )
+            report.tag_seconds += time.perf_counter() - tag_started
+            records, shards = self._read_tags(tagged, report)
+            commit_started = time.perf_counter()
+            try:
+                self._commit(records, batch_id, shards, report)
+                report.commit_seconds += time.perf_counter() - commit_started
+                break
+            except CommitFailedError as e:
+                report.commit_seconds += time.perf_counter() - commit_started
+                if attempt == cfg.max_commit_retries:
+                    raise CommitConflictError(
+                        f"batch {batch_id}: another writer kept committing to {cfg.table_uri}; "
+                        f"gave up after {attempt + 1} attempts ({e})"
+                    ) from e
+                report.retries += 1
+                log.warning("batch %s: commit conflict, re-tagging (attempt %s)", batch_id, attempt + 2)
+        report.records_in = report.ops["quarantined"] + sum(report.ops[o] for o in OPS)
+        self._write_tombstones(batch_df, batch_id, prepared=good)
+
+    def _read_tags(self, tagged: pa.Table, report: BatchReport) -> tuple[pa.Table, list[int]]:
+        """Split the task output into records and stats; fill the report's counts."""
+        is_stats = pc.equal(tagged.column(C.OP), C.STATS_OP)
+        stats_rows = [json.loads(s) for s in tagged.filter(is_stats).column(C.STATS).to_pylist()]
+        records = tagged.filter(pc.invert(is_stats))
+        report.ops.update({op: 0 for op in OPS})
+        for op, n in zip(*_value_counts(records.column(C.OP))):
+            report.ops[op] = n
+        hits = records.column(C.HIT)
+        report.hits = pc.sum(pc.cast(pc.fill_null(hits, False), "int64")).as_py() or 0
+        report.misses = pc.sum(pc.cast(pc.equal(hits, False), "int64")).as_py() or 0
+        report.partition_loads = sum(s["partition_loads"] for s in stats_rows)
+        report.load_seconds = sum(s["load_seconds"] for s in stats_rows)
+        shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
+        return records, shards
+
+    def _commit(self, records: pa.Table, batch_id: int, shards: list[int], report: BatchReport) -> None:
+        writes = records.filter(pc.is_valid(records.column(C.WRITE)))
+        if writes.num_rows == 0:
+            report.mode = "none"
+            report.table_version = self._target.version()
+            return
+        rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE]).append_column(
+            WRITE_COLUMN, writes.column(C.WRITE)
+        )
+        outcome = self._target.commit(
+            rows,
+            key_cols=self.config.key,
+            ordering=self.config.ordering,
+            app_id=self.writer_id,
+            batch_id=batch_id,
+            custom_metadata={SHARDS_PROPERTY: ",".join(map(str, shards))},
+            incoming_wins_ties=self.config.incoming_wins_ties,
+        )
+        report.mode = outcome.mode
+        report.table_version = outcome.version
+        report.pruned_partitions = outcome.pruned_partitions
+
+    def _write_tombstones(self, batch_df: DataFrame, batch_id: int, prepared: DataFrame | None = None) -> None:
+        """Every valid delete record of the batch, so a reloaded partition remembers it.
+
+        A pure function of the batch's input, written after the main commit and
+        again on a replay that finds the main commit done, idempotent by app transaction.
+        """
+        cfg = self.config
+        if not cfg.delete_when:
+            return
+        if prepared is None:
+            num_shards = cfg.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
+            prepared = prepare(batch_df, cfg, num_shards).filter(F.col(C.REASON).isNull())
+        deletes = prepared.filter(F.col(C.DELETE)).select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow()
+        append_once(cfg.resolved_tombstone_uri, deletes, cfg.partition_by, self.writer_id, batch_id)
+
+    def _publish(self, report: BatchReport) -> None:
+        sink = self.writer_id
+        for op, n in report.ops.items():
+            metrics.RECORDS.labels(sink, op).inc(n)
+        metrics.LOOKUPS.labels(sink, "hit").inc(report.hits)
+        metrics.LOOKUPS.labels(sink, "miss").inc(report.misses)
+        metrics.PARTITION_LOADS.labels(sink, "on_demand").inc(report.partition_loads)
+        if report.partition_loads:
+            metrics.LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)
+        metrics.COMMIT_RETRIES.labels(sink).inc(report.retries)
+        if report.mode == "skipped":
+            metrics.BATCHES_SKIPPED.labels(sink).inc()
+        elif report.mode in ("append", "merge"):
+            metrics.COMMITS.labels(sink, report.mode).inc()
+        if report.table_version is not None:
+            metrics.TABLE_VERSION.labels(sink).set(report.table_version)
+        metrics.BATCH_SECONDS.labels(sink, "tag").observe(report.tag_seconds)
+        metrics.BATCH_SECONDS.labels(sink, "commit").observe(report.commit_seconds)
+        metrics.BATCH_SECONDS.labels(sink, "total").observe(report.total_seconds)
+
+
+def _value_counts(col) -> tuple[list[str], list[int]]:
+    counts = pc.value_counts(col)
+    return counts.field("values").to_pylist(), counts.field("counts").to_pylist()

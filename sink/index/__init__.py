@@ -1,0 +1,1 @@
+"""The executor-local RocksDB replica of the record-key index."""

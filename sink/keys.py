@@ -1,0 +1,133 @@
+"""Key encoding, the shard function, partition ids and ordering values.
+
+The ONE place that defines them, for both sides: Spark SQL expressions for the
+routing step, and Arrow/Python functions for every Python path (tagging,
+partition loads, catch-up). Tests hold the two sides equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import quote, unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+# Spark's xxhash64() seed; Python must use the same one to agree on shards.
+SPARK_XXHASH_SEED = 42
+UNPARTITIONED = "_all"
+
+# Column types allowed per role, as Spark's DataType.typeName().
+KEY_TYPES = ("string", "byte", "short", "integer", "long", "date", "boolean")
+PARTITION_TYPES = KEY_TYPES
+ORDERING_TYPES = ("byte", "short", "integer", "long", "timestamp", "date")
+
+
+def _col(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+# --- Spark side ---------------------------------------------------------------------------
+
+
+def spark_key_expr(key_cols: Sequence[str]) -> str:
+    """SQL for the encoded key string; equals `encode_keys` on the same values."""
+    if len(key_cols) == 1:
+        return f"CAST({_col(key_cols[0])} AS STRING)"
+    parts = []
+    for c in key_cols:
+        s = f"CAST({_col(c)} AS STRING)"
+        parts.append(f"CAST(char_length({s}) AS STRING), ':', {s}")
+    return "concat(" + ", ".join(parts) + ")"
+
+
+def spark_shard_expr(key_expr: str, num_shards: int) -> str:
+    """SQL for the shard of an encoded key; equals `shard_of`."""
+    return f"pmod(xxhash64({key_expr}), {int(num_shards)})"
+
+
+def spark_ordering_expr(col: str, type_name: str) -> str:
+    """SQL turning the ordering column into a comparable BIGINT; equals `ordering_values`."""
+    c = _col(col)
+    if type_name == "timestamp":
+        return f"unix_micros({c})"
+    if type_name == "date":
+        return f"CAST(unix_date({c}) AS BIGINT)"
+    return f"CAST({c} AS BIGINT)"
+
+
+# --- Python side --------------------------------------------------------------------------
+
+
+def encode_keys(table: pa.Table, key_cols: Sequence[str]) -> pa.Array:
+    """The encoded key of every row, as strings (utf-8 bytes are the index key)."""
+    strings = [_as_string(table.column(c)) for c in key_cols]
+    if len(strings) == 1:
+        return strings[0]
+    pieces = [
+        pc.binary_join_element_wise(pc.cast(pc.utf8_length(s), pa.string()), s, ":")
+        for s in strings
+    ]
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+def shard_of(key: bytes, num_shards: int) -> int:
+    """Shard of one encoded key: Spark's pmod(xxhash64(key), n)."""
+    h = xxhash.xxh64_intdigest(key, seed=SPARK_XXHASH_SEED)
+    if h >= 1 << 63:
+        h -= 1 << 64
+    return h % num_shards
+
+
+def shards_of(keys: pa.Array, num_shards: int) -> pa.Array:
+    return pa.array([shard_of(k.encode(), num_shards) for k in keys.to_pylist()], pa.int64())
+
+
+def ordering_values(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Ordering column -> int64 (timestamps in microseconds UTC, dates in days)."""
+    t = array.type
+    if pa.types.is_timestamp(t):
+        return pc.cast(pc.cast(array, pa.timestamp("us", tz=t.tz)), pa.int64())
+    if pa.types.is_date(t):
+        return pc.cast(pc.cast(array, pa.date32()), pa.int32()).cast(pa.int64())
+    return pc.cast(array, pa.int64())
+
+
+def partition_id(columns: Sequence[str], values: Sequence[str | None]) -> str:
+    """Name of a table partition (and its column family) from Delta's partition strings."""
+    if not columns:
+        return UNPARTITIONED
+    return "/".join(f"{quote(c, safe='')}={quote(v or '', safe='')}" for c, v in zip(columns, values))
+
+
+def partition_values(pid: str) -> dict[str, str]:
+    """Inverse of `partition_id`: column -> Delta partition string."""
+    if pid == UNPARTITIONED:
+        return {}
+    out = {}
+    for piece in pid.split("/"):
+        c, _, v = piece.partition("=")
+        out[unquote(c)] = unquote(v)
+    return out
+
+
+def partition_ids(table: pa.Table, partition_cols: Sequence[str]) -> pa.Array:
+    """The partition id of every row; computed once per distinct partition, not per row."""
+    if not partition_cols:
+        return pa.array([UNPARTITIONED] * table.num_rows, pa.string())
+    strings = [_as_string(table.column(c)) for c in partition_cols]
+    joined = strings[0] if len(strings) == 1 else pc.binary_join_element_wise(*strings, "\x00")
+    encoded = pc.dictionary_encode(joined).combine_chunks() if isinstance(
+        joined, pa.ChunkedArray) else pc.dictionary_encode(joined)
+    names = [
+        partition_id(partition_cols, v.split("\x00") if len(strings) > 1 else [v])
+        for v in encoded.dictionary.to_pylist()
+    ]
+    return pc.take(pa.array(names, pa.string()), encoded.indices)
+
+
+def _as_string(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return pc.cast(col, pa.string())

@@ -1,0 +1,1 @@
+"""The Delta table: snapshot, app transactions, commit log, merge and append."""

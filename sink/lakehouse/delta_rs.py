@@ -1,0 +1,164 @@
+"""The `deltalake` (delta-rs) engine: commits run on the driver from Arrow."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from sink.lakehouse.predicates import merge_predicate, quote_ident
+
+__all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
+
+WRITE_COLUMN = "__sink_write"
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    mode: str  # "append" or "merge"
+    version: int
+    pruned_partitions: int
+
+
+class DeltaTarget:
+    """The target table, as seen by one sink."""
+
+    def __init__(self, uri: str, partition_by: Sequence[str]):
+        self.uri = uri
+        self.partition_by = list(partition_by)
+        self._dt: DeltaTable | None = None
+
+    def open_or_create(self, schema: pa.Schema) -> DeltaTable:
+        """Open the table; create it, empty, from the stream's schema when it does not exist."""
+        if self._dt is None:
+            try:
+                self._dt = DeltaTable(self.uri)
+            except TableNotFoundError:
+                self._dt = DeltaTable.create(
+                    self.uri, schema, partition_by=self.partition_by or None, mode="ignore"
+                )
+        return self._dt
+
+    @property
+    def table(self) -> DeltaTable:
+        if self._dt is None:
+            raise RuntimeError("open_or_create() first")
+        return self._dt
+
+    def refresh(self) -> None:
+        self.table.update_incremental()
+
+    def version(self) -> int:
+        return self.table.version()
+
+    def table_id(self) -> str:
+        return self.table.metadata().id
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema(self.table.schema().to_arrow())
+
+    def transaction_version(self, app_id: str) -> int | None:
+        return self.table.transaction_version(app_id)
+
+    def commit(
+        self,
+        rows: pa.Table,
+        key_cols: Sequence[str],
+        ordering: str,
+        app_id: str,
+        batch_id: int,
+        custom_metadata: Mapping[str, str],
+        incoming_wins_ties: bool,
+    ) -> CommitOutcome:
+        """Commit one batch's writes in one transaction carrying (app_id, batch_id).
+
+        `rows` has the table's columns plus WRITE_COLUMN (insert/update/delete/tombstone).
+        Only inserts (tombstones change nothing in the table) -> append, even an empty
+        one, so the app transaction is recorded; otherwise one pruned MERGE.
+        Raises CommitFailedError when another writer won the race.
+        """
+        props = CommitProperties(
+            app_transactions=[Transaction(app_id, batch_id)], custom_metadata=dict(custom_metadata)
+        )
+        schema = self.arrow_schema()
+        writes = rows.column(WRITE_COLUMN)
+        table_rows = rows.filter(pc.not_equal(writes, "tombstone"))
+        changing = table_rows.filter(pc.is_in(table_rows.column(WRITE_COLUMN), pa.array(["update", "delete"])))
+        if changing.num_rows == 0:
+            write_deltalake(self.table, _conform(table_rows, schema), mode="append", commit_properties=props)
+            self.refresh()
+            return CommitOutcome("append", self.version(), 0)
+        partitions = _distinct_partitions(changing, self.partition_by)
+        self._merge(table_rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties)
+        self.refresh()
+        if (self.transaction_version(app_id) or -1) < batch_id:
+            # The MERGE changed nothing (delta-rs then writes no version): record the batch anyway.
+            write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
+            self.refresh()
+        return CommitOutcome("merge", self.version(), len(partitions))
+
+    def _merge(self, rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties) -> None:
+        types = {f.name: f.type for f in schema}
+        source = _conform(rows, schema).append_column(WRITE_COLUMN, rows.column(WRITE_COLUMN))
+        predicate = merge_predicate(key_cols, self.partition_by, partitions, types)
+        columns = {quote_ident(f.name): f"s.{quote_ident(f.name)}" for f in schema}
+        w = f"s.{quote_ident(WRITE_COLUMN)}"
+        o = quote_ident(ordering)
+        # Guard on ordering too: the index already decided, this keeps a stale
+        # replica from ever overwriting a newer row.
+        newer = f"t.{o} <= s.{o}" if incoming_wins_ties else f"t.{o} < s.{o}"
+        (
+            self.table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=props)
+            .when_matched_delete(predicate=f"{w} = 'delete' AND {newer}")
+            .when_matched_update(updates=columns, predicate=f"{w} <> 'delete' AND {newer}")
+            .when_not_matched_insert(updates=columns, predicate=f"{w} <> 'delete'")
+            .execute()
+        )
+
+
+def append_once(
+    uri: str, rows: pa.Table, partition_by: Sequence[str], app_id: str, batch_id: int
+) -> bool:
+    """Append `rows` to a side table (quarantine, tombstones) unless this batch already did.
+
+    Returns True when it wrote.
+    """
+    if DeltaTable.is_deltatable(uri):
+        done = DeltaTable(uri).transaction_version(app_id)
+        if done is not None and done >= batch_id:
+            return False
+    if rows.num_rows == 0:
+        return False
+    write_deltalake(
+        uri,
+        rows,
+        mode="append",
+        partition_by=list(partition_by) or None,
+        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
+    )
+    return True
+
+
+def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The table's columns, in its order and types (Spark's Arrow types can differ slightly)."""
+    return pa.table([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+
+
+def _distinct_partitions(rows: pa.Table, partition_by: Sequence[str]) -> list[dict[str, str]]:
+    if not partition_by:
+        return [{}]
+    distinct = rows.select(list(partition_by)).group_by(list(partition_by)).aggregate([])
+    out = []
+    for rec in distinct.to_pylist():
+        out.append({c: _partition_string(rec[c]) for c in partition_by})
+    return out
+
+
+def _partition_string(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

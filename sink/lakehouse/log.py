@@ -1,0 +1,78 @@
+"""Reading one Delta commit from the log: app transactions and partitions touched."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from sink import keys
+
+SHARDS_PROPERTY = "upsert_sink.shards"
+
+
+@dataclass(frozen=True)
+class CommitSummary:
+    version: int
+    app_versions: dict[str, int]
+    # Partition ids whose data the commit changed; None when it cannot be told (then: all).
+    partitions: frozenset[str] | None
+    commit_info: dict[str, Any]
+
+    def sink_shards(self) -> frozenset[int] | None:
+        """Shards that had records in the sink batch this commit carries, if recorded."""
+        raw = self.commit_info.get(SHARDS_PROPERTY)
+        if raw is None:
+            return None
+        return frozenset(int(s) for s in str(raw).split(",") if s)
+
+
+def log_file(table_uri: str, version: int) -> str:
+    return f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json"
+
+
+def read_commit(table_uri: str, version: int, partition_cols: list[str]) -> CommitSummary | None:
+    """Summary of commit `version`, or None when its log file is no longer there."""
+    uri = log_file(table_uri if "://" in table_uri else os.path.abspath(table_uri), version)
+    fs, path = pafs.FileSystem.from_uri(uri)
+    try:
+        with fs.open_input_stream(path) as f:
+            text = f.read().decode()
+    except FileNotFoundError:
+        return None
+    return parse_commit(version, text, partition_cols)
+
+
+def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSummary:
+    apps: dict[str, int] = {}
+    touched: set[str] | None = set()
+    info: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "txn" in action:
+            apps[action["txn"]["appId"]] = int(action["txn"]["version"])
+        elif "commitInfo" in action:
+            info = action["commitInfo"]
+        elif "metaData" in action and version > 0:
+            touched = None  # schema or partitioning changed: trust nothing
+        elif touched is not None and ("add" in action or "remove" in action):
+            file_action = action.get("add") or action.get("remove")
+            if not file_action.get("dataChange", True):
+                continue  # compaction rewrites rows without changing them
+            values = file_action.get("partitionValues")
+            if values is None and partition_cols:
+                touched = None
+                continue
+            values = values or {}
+            touched.add(keys.partition_id(partition_cols, [values.get(c) for c in partition_cols]))
+    return CommitSummary(
+        version=version,
+        app_versions=apps,
+        partitions=None if touched is None else frozenset(touched),
+        commit_info=info,
+    )

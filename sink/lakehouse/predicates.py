@@ -1,0 +1,59 @@
+"""SQL text for Delta predicates, shared by both engines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+
+
+def quote_ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_literal(value: str, arrow_type: pa.DataType) -> str:
+    """A Delta partition string as a SQL literal of the column's type."""
+    if pa.types.is_integer(arrow_type):
+        return str(int(value))
+    if pa.types.is_boolean(arrow_type):
+        return "true" if value.lower() == "true" else "false"
+    quoted = "'" + value.replace("'", "''") + "'"
+    if pa.types.is_date(arrow_type):
+        return f"DATE {quoted}"
+    return quoted
+
+
+def partition_predicate(
+    values: Mapping[str, str], types: Mapping[str, pa.DataType], alias: str | None = None
+) -> str:
+    """`col = literal AND ...` selecting one partition (TRUE for an unpartitioned table)."""
+    prefix = f"{alias}." if alias else ""
+    terms = [f"{prefix}{quote_ident(c)} = {sql_literal(v, types[c])}" for c, v in values.items()]
+    return " AND ".join(terms) if terms else "TRUE"
+
+
+def merge_predicate(
+    key_cols: Sequence[str],
+    partition_cols: Sequence[str],
+    partitions: Sequence[Mapping[str, str]],
+    types: Mapping[str, pa.DataType],
+    target: str = "t",
+    source: str = "s",
+) -> str:
+    """ON clause: key and partition equality plus the literal list of partitions to scan.
+
+    The literal list is what lets the engine prune the target scan to the partitions
+    the index says hold updated or deleted keys.
+    """
+    eq = [f"{target}.{quote_ident(c)} = {source}.{quote_ident(c)}" for c in (*key_cols, *partition_cols)]
+    if partition_cols:
+        if not partitions:
+            raise ValueError("a MERGE on a partitioned table needs at least one partition")
+        if len(partition_cols) == 1:
+            col = partition_cols[0]
+            literals = sorted({sql_literal(p[col], types[col]) for p in partitions})
+            eq.append(f"{target}.{quote_ident(col)} IN ({', '.join(literals)})")
+        else:
+            alternatives = sorted({partition_predicate(p, types, target) for p in partitions})
+            eq.append("(" + " OR ".join(f"({a})" for a in alternatives) + ")")
+    return " AND ".join(eq)

@@ -1,0 +1,50 @@
+"""Prometheus metrics of the sink, published on the driver (names follow DESIGN.md)."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from sink.errors import SinkError
+
+_LABEL = ["sink"]
+
+LOOKUPS = Counter("upsert_sink_index_lookups", "Index lookups of distinct batch keys", [*_LABEL, "result"])
+PARTITION_LOADS = Counter(
+    "upsert_sink_index_partition_loads", "Partitions loaded into replicas", [*_LABEL, "reason"]
+)
+LATEST_LOAD_SECONDS = Gauge(
+    "upsert_sink_index_latest_load_seconds", "Seconds the latest batch spent loading partitions", _LABEL
+)
+RECORDS = Counter("upsert_sink_records", "Input records by operation", [*_LABEL, "op"])
+BATCH_SECONDS = Histogram(
+    "upsert_sink_batch_seconds", "Batch phase durations", [*_LABEL, "phase"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+TABLE_VERSION = Gauge("upsert_sink_table_version", "Delta version of the latest commit", _LABEL)
+COMMITS = Counter("upsert_sink_commits", "Delta commits by mode", [*_LABEL, "mode"])
+COMMIT_RETRIES = Counter("upsert_sink_commit_retries", "Commits retried after a conflict", _LABEL)
+BATCHES_SKIPPED = Counter(
+    "upsert_sink_batches_skipped", "Batches skipped as already committed", _LABEL
+)
+
+_served_ports: set[int] = set()
+_serve_lock = threading.Lock()
+
+
+def serve(port: int) -> None:
+    """Start the driver's endpoint on `port` once per process (0 = off)."""
+    if port == 0:
+        return
+    with _serve_lock:
+        if port in _served_ports:
+            return
+        try:
+            start_http_server(port)
+        except OSError as e:
+            raise SinkError(
+                f"metrics_port = {port}: cannot serve Prometheus metrics there ({e}); "
+                "choose a free port, or 0 to turn the endpoint off"
+            ) from e
+        _served_ports.add(port)

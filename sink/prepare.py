@@ -1,0 +1,89 @@
+"""Spark side of a batch: schema checks, and the helper columns routing and tagging need."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+from sink import columns as C
+from sink import keys
+from sink.config import SinkConfig
+from sink.errors import SchemaError
+
+
+def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
+    """Fail before the first batch when the config names columns the stream lacks."""
+    types = {f.name: f.dataType.typeName() for f in schema.fields}
+    roles = [("key", c, keys.KEY_TYPES) for c in cfg.key]
+    roles += [("partition_by", c, keys.PARTITION_TYPES) for c in cfg.partition_by]
+    roles.append(("ordering", cfg.ordering, keys.ORDERING_TYPES))
+    for role, col, accepted in roles:
+        if col not in types:
+            raise SchemaError(
+                f"{role} column {col!r} is not in the stream; the stream's columns are {sorted(types)}"
+            )
+        if types[col] not in accepted:
+            raise SchemaError(
+                f"{role} column {col!r} has type {types[col]}; accepted types: {list(accepted)}"
+            )
+    clashing = [n for n in types if n.startswith(C.PREFIX)]
+    if clashing:
+        raise SchemaError(f"column(s) {clashing} use the sink's reserved prefix {C.PREFIX!r}")
+
+
+def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
+    """`validate_schema` plus analysis of `delete_when` against the stream's columns."""
+    validate_schema(cfg, df.schema)
+    if cfg.delete_when:
+        try:
+            result = df.select(F.expr(cfg.delete_when)).schema.fields[0].dataType
+        except Exception as e:
+            raise SchemaError(f"delete_when = {cfg.delete_when!r} does not apply to the stream: {e}") from e
+        if not isinstance(result, BooleanType):
+            raise SchemaError(
+                f"delete_when = {cfg.delete_when!r} must be a boolean expression, it gives {result.typeName()}"
+            )
+
+
+def quarantine_reason(cfg: SinkConfig) -> Column:
+    """Why a record cannot be written (NULL when it can), first failing check wins."""
+    checks = [(c, "null key column") for c in cfg.key]
+    checks += [(c, "null partition column") for c in cfg.partition_by]
+    checks.append((cfg.ordering, "null ordering column"))
+    reason = F.lit(None).cast(StringType())
+    for col, what in reversed(checks):
+        reason = F.when(F.col(col).isNull(), F.lit(f"{what} {col}")).otherwise(reason)
+    return reason
+
+
+def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
+    """Add the helper columns: arrival sequence, quarantine reason, encoded key, shard,
+    ordering as BIGINT and the delete flag."""
+    key_expr = keys.spark_key_expr(cfg.key)
+    ordering_type = df.schema[cfg.ordering].dataType.typeName()
+    delete = F.coalesce(F.expr(cfg.delete_when), F.lit(False)) if cfg.delete_when else F.lit(False)
+    # Arrival order breaks ordering ties inside a batch; for a file source it is
+    # stable across re-evaluations of the batch.
+    return (
+        df.withColumn(C.SEQ, F.monotonically_increasing_id())
+        .withColumn(C.REASON, quarantine_reason(cfg))
+        .withColumn(C.KEY, F.expr(key_expr))
+        .withColumn(C.SHARD, F.expr(keys.spark_shard_expr(key_expr, num_shards)))
+        .withColumn(C.ORDERING, F.expr(keys.spark_ordering_expr(cfg.ordering, ordering_type)))
+        .withColumn(C.DELETE, delete)
+    )
+
+
+def tagged_schema(stream_schema: StructType) -> StructType:
+    """What the tagging task returns: the stream's columns (nullable) and the tags."""
+    fields = [StructField(f.name, f.dataType, True) for f in stream_schema.fields]
+    fields += [
+        StructField(C.OP, StringType(), True),
+        StructField(C.WRITE, StringType(), True),
+        StructField(C.HIT, BooleanType(), True),
+        StructField(C.STATS, StringType(), True),
+    ]
+    return StructType(fields)
+
+
