@@ -43,7 +43,7 @@ class BatchReport:
     load_seconds: float = 0.0
     mode: str = "none"  # append | merge | skipped | none (nothing to change)
     table_version: int | None = None
-    pruned_partitions: int = 0
+    merge_partitions: int = 0
     retries: int = 0
     tag_seconds: float = 0.0
     commit_seconds: float = 0.0
@@ -200,7 +200,7 @@ class UpsertSink:
         )
         report.mode = outcome.mode
         report.table_version = outcome.version
-        report.pruned_partitions = outcome.pruned_partitions
+        report.merge_partitions = outcome.merge_partitions
 
     def _write_tombstones(self, batch_df: DataFrame, batch_id: int, prepared: DataFrame | None = None) -> None:
         """Every valid delete record of the batch, so a reloaded partition remembers it.

@@ -21,7 +21,7 @@ WRITE_COLUMN = "__sink_write"
 class CommitOutcome:
     mode: str  # "append" or "merge"
     version: int
-    pruned_partitions: int
+    merge_partitions: int
 
 
 class DeltaTarget:

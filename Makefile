@@ -1,0 +1,39 @@
+# `make run`: the demo job on local Spark; `make test`: the test suite.
+# Both create/refresh .venv and install the package first.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint check-java clean-data
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory check-java
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
+		{ echo "error: Python 3.10+ is required (found $$($(PYTHON) --version 2>&1))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { \
+		echo "error: Java 17+ is required by Spark and was not found on PATH."; \
+		echo "       Debian/Ubuntu: apt-get install openjdk-17-jre-headless"; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then \
+		echo "error: Java 17+ is required by Spark; 'java -version' reports: $$(java -version 2>&1 | head -1)"; \
+		exit 1; fi
+
+run: $(STAMP)
+	$(PY) -m jobs.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check sink jobs tests
+
+clean-data:
+	rm -rf data/demo

@@ -1,0 +1,1 @@
+"""spark-submit entry points: the streaming job and the demo around it."""

@@ -1,0 +1,87 @@
+"""The ready job's config: the sink's `[sink]` table plus `[source]` and `[job]`."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sink.config import SinkConfig
+from sink.errors import ConfigError
+
+SOURCE_FORMATS = ("json", "parquet")
+
+
+@dataclass
+class SourceConfig:
+    """A landing directory of files the job streams from."""
+
+    path: str
+    schema: str
+    format: str = "json"
+    max_files_per_trigger: int | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.format not in SOURCE_FORMATS:
+            raise ConfigError(
+                f"source.format = {self.format!r} is not accepted; accepted values: {list(SOURCE_FORMATS)}"
+            )
+        if not isinstance(self.schema, str) or not self.schema.strip():
+            raise ConfigError("source.schema must be a Spark DDL string, e.g. 'id STRING, ts TIMESTAMP'")
+        if self.max_files_per_trigger is not None and (
+            not isinstance(self.max_files_per_trigger, int) or self.max_files_per_trigger < 1
+        ):
+            raise ConfigError(
+                f"source.max_files_per_trigger must be a positive integer, got {self.max_files_per_trigger!r}"
+            )
+
+
+@dataclass
+class JobSettings:
+    app_name: str = "delta-upsert-sink"
+    master: str | None = None
+    trigger_seconds: int = 10
+
+
+@dataclass
+class JobConfig:
+    sink: SinkConfig
+    source: SourceConfig
+    job: JobSettings
+
+
+def load_job_config(path: str | Path) -> JobConfig:
+    path = Path(path)
+    base = path.resolve().parent
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file not found: {path}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    for table in ("sink", "source"):
+        if table not in doc:
+            raise ConfigError(f"{path}: no [{table}] table")
+    source = dict(doc["source"])
+    if "path" in source:
+        source["path"] = _resolve(source["path"], base)
+    return JobConfig(
+        sink=SinkConfig.from_dict(doc["sink"], base_dir=base),
+        source=_build(SourceConfig, source, "source"),
+        job=_build(JobSettings, doc.get("job", {}), "job"),
+    )
+
+
+def _build(cls, values: dict[str, Any], table: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown {table} key(s) {unknown}; accepted keys: {sorted(known)}")
+    return cls(**values)
+
+
+def _resolve(value: str, base: Path) -> str:
+    return value if "://" in value or Path(value).is_absolute() else str((base / value).resolve())

@@ -1,0 +1,67 @@
+"""The streaming job: a landing directory of JSON/Parquet files -> UpsertSink -> Delta.
+
+    spark-submit jobs/upsert_stream.py --config conf/sink.toml [--once]
+    python -m jobs.upsert_stream --config conf/sink.toml --trigger-seconds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file by spark-submit
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jobs.job_config import JobConfig, load_job_config  # noqa: E402
+from jobs.spark_session import spark_session  # noqa: E402
+from sink import UpsertSink  # noqa: E402
+
+log = logging.getLogger("jobs.upsert_stream")
+
+
+def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
+    src = cfg.source
+    reader = spark.readStream.format(src.format).schema(src.schema).options(**src.options)
+    if src.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
+    stream = reader.load(src.path)
+    sink.validate(stream)  # a config naming a missing column fails here, before any batch
+    writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", cfg.sink.checkpoint_dir)
+    if once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger_seconds or cfg.job.trigger_seconds} seconds")
+    return writer.queryName(cfg.job.app_name).start()
+
+
+def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None) -> UpsertSink:
+    cfg = load_job_config(config_path)
+    if not cfg.sink.checkpoint_dir:
+        raise SystemExit("set sink.checkpoint_dir in the config: the query needs a checkpoint location")
+    spark = spark_session(cfg.job.app_name, master or cfg.job.master)
+    if "://" not in cfg.source.path:
+        Path(cfg.source.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
+    sink = UpsertSink(cfg.sink)
+    query = build_query(spark, cfg, sink, once, trigger_seconds)
+    log.info("query %s started: %s -> %s (writer_id %s)", query.id, cfg.source.path,
+             cfg.sink.table_uri, sink.writer_id)
+    query.awaitTermination()
+    return sink
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="TOML file with [sink], [source] and [job] tables")
+    parser.add_argument("--once", action="store_true", help="process what is in the landing dir, then stop")
+    parser.add_argument("--trigger-seconds", type=int, help="processing-time trigger interval")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, or job.master)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    run(args.config, args.once, args.trigger_seconds, args.master)
+
+
+if __name__ == "__main__":
+    main()

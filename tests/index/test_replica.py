@@ -1,0 +1,94 @@
+import pytest
+
+from sink.index.entry import Entry
+from sink.index.replica import ShardReplica, replica_path
+
+SPEC = '{"key": ["id"]}'
+
+
+@pytest.fixture
+def path(tmp_path):
+    return replica_path(tmp_path, "table-id", 0, 2)
+
+
+def test_layout_is_table_then_shard(tmp_path):
+    assert replica_path(tmp_path, "tid", 3, 8) == tmp_path / "tid" / "shard-3-of-8"
+
+
+def test_a_loaded_partition_answers_lookups_and_survives_reopen(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.set_version(4)
+        r.load_partition("dt=1", [b"a", b"b"], [Entry(1), Entry(2, True)], reason="on_demand", now=100.0)
+        assert r.lookup("dt=1", [b"a", b"b", b"zz"]) == [Entry(1), Entry(2, True), None]
+    with ShardReplica.open(path, SPEC) as r:
+        assert r.version == 4
+        info = r.partitions()["dt=1"]
+        assert (info.loaded_entries, info.reason, info.loaded_at) == (2, "on_demand", 100.0)
+        assert r.lookup("dt=1", [b"a"]) == [Entry(1)]
+
+
+def test_large_partitions_load_through_sst_ingest(path):
+    keys = [f"k{i:06d}".encode() for i in range(30_000)][::-1]  # unsorted on purpose
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("p", keys, [Entry(i) for i in range(len(keys))], reason="on_demand")
+        assert r.lookup("p", [keys[0], keys[-1]]) == [Entry(0), Entry(len(keys) - 1)]
+    assert not list(path.glob("ingest-*.sst"))  # the staging file is moved in or removed
+
+
+def test_staged_entries_are_invisible_until_promoted(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+        r.stage(7, {"p": {b"a": Entry(5), b"new": Entry(6)}, "not-held": {b"x": Entry(1)}})
+        assert r.staged_batch == 7
+        assert r.lookup("p", [b"a", b"new"]) == [Entry(1), None]
+        assert r.promote_staged() == 2
+        assert r.lookup("p", [b"a", b"new"]) == [Entry(5), Entry(6)]
+        assert r.staged_batch is None
+        assert not r.has_partition("not-held")  # never a half partition
+
+
+def test_restaging_replaces_and_discard_forgets(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("p", [], [], reason="on_demand")
+        r.stage(7, {"p": {b"a": Entry(5)}})
+        r.stage(7, {"p": {b"b": Entry(5)}})  # a re-run of the batch starts clean
+        assert r.staged() == {"p": {b"b": Entry(5)}}
+        r.discard_staged()
+        assert r.staged() == {} and r.staged_batch is None
+        r.promote_staged()
+        assert r.lookup("p", [b"a", b"b"]) == [None, None]
+
+
+def test_drop_partition_and_drop_all(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("p1", [b"a"], [Entry(1)], reason="on_demand")
+        r.load_partition("p2", [b"a"], [Entry(1)], reason="on_demand")
+        r.drop_partition("p1")
+        assert set(r.partitions()) == {"p2"}
+        r.stage(1, {"p2": {b"z": Entry(1)}})
+        r.drop_all()
+        assert r.partitions() == {} and r.staged_batch is None
+
+
+def test_another_key_spec_wipes_the_replica(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.set_version(3)
+        r.load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+    with ShardReplica.open(path, '{"key": ["other"]}') as r:
+        assert r.version is None and r.partitions() == {}
+
+
+def test_a_replica_left_open_by_a_dead_process_is_wiped(path):
+    r = ShardReplica.open(path, SPEC)
+    r.set_version(3)
+    r.load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+    r._close_db()  # what a killed process leaves: no clean close, dirty flag still set
+    with ShardReplica.open(path, SPEC) as again:
+        assert again.version is None and again.partitions() == {}
+
+
+def test_touch_updates_last_access(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("p", [], [], reason="on_demand", now=1.0)
+        r.touch(["p", "absent"], now=50.0)
+        assert r.partitions()["p"].last_access == 50.0

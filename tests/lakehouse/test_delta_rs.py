@@ -1,0 +1,115 @@
+import json
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
+from sink.lakehouse.log import read_commit
+
+SCHEMA = pa.schema([("id", pa.string()), ("dt", pa.string()), ("ts", pa.int64()), ("v", pa.string())])
+
+
+def rows(*records):
+    cols = list(zip(*records)) if records else [[]] * 5
+    return pa.table({"id": pa.array(cols[0], pa.string()), "dt": pa.array(cols[1], pa.string()),
+                     "ts": pa.array(cols[2], pa.int64()), "v": pa.array(cols[3], pa.string()),
+                     WRITE_COLUMN: pa.array(cols[4], pa.string())})
+
+
+def contents(uri):
+    return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
+
+
+@pytest.fixture
+def target(tmp_path):
+    t = DeltaTarget(str(tmp_path / "t"), ["dt"])
+    t.open_or_create(SCHEMA)
+    return t
+
+
+def commit(target, data, batch):
+    return target.commit(data, ["id"], "ts", "w", batch, {"k": "v"}, incoming_wins_ties=True)
+
+
+def test_inserts_only_append_with_the_app_transaction(target):
+    out = commit(target, rows(("a", "d1", 1, "x", "insert"), ("b", "d2", 1, "x", "insert")), 0)
+    assert out.mode == "append" and out.version == 1
+    assert target.transaction_version("w") == 0
+    assert DeltaTable(target.uri).history(1)[0]["operation"] == "WRITE"
+
+
+def test_updates_and_deletes_merge_pruned_to_their_partitions(target):
+    commit(target, rows(*[(k, d, 1, "x", "insert") for k in "abc" for d in ("d1", "d2", "d3")]), 0)
+    out = commit(target, rows(("a", "d1", 2, "new", "update"), ("b", "d3", 2, "", "delete"),
+                              ("z", "d2", 2, "ins", "insert")), 1)
+    assert out.mode == "merge" and out.merge_partitions == 2
+    params = DeltaTable(target.uri).history(1)[0]["operationParameters"]
+    assert "(t.dt = 'd1' OR t.dt = 'd3')" in params["mergePredicate"]  # delta-rs spells IN as ORs
+    table = {(r["id"], r["dt"]): (r["ts"], r["v"]) for r in contents(target.uri)}
+    assert table[("a", "d1")] == (2, "new")
+    assert ("b", "d3") not in table
+    assert table[("z", "d2")] == (2, "ins")
+    assert len(table) == 9
+    assert target.transaction_version("w") == 1
+
+
+def test_tombstones_only_still_record_the_batch(target):
+    out = commit(target, rows(("ghost", "d1", 5, "", "tombstone")), 4)
+    assert out.mode == "append"
+    assert target.transaction_version("w") == 4
+    assert contents(target.uri) == []
+
+
+def test_merge_guard_never_lets_an_older_row_overwrite(target):
+    commit(target, rows(("a", "d1", 9, "newest", "insert")), 0)
+    commit(target, rows(("a", "d1", 3, "older", "update")), 1)  # a replica that got it wrong
+    assert contents(target.uri)[0]["v"] == "newest"
+    assert target.transaction_version("w") == 1  # the batch is recorded all the same
+
+
+def test_a_concurrent_writer_makes_the_merge_fail_with_commit_failed(target):
+    commit(target, rows(("a", "d1", 1, "x", "insert")), 0)
+    stale_view = DeltaTarget(target.uri, ["dt"])
+    stale_view.open_or_create(SCHEMA)
+    commit(target, rows(("a", "d1", 2, "y", "update")), 1)
+    with pytest.raises(CommitFailedError):
+        stale_view.commit(rows(("a", "d1", 3, "z", "update")), ["id"], "ts", "other", 0, {}, True)
+
+
+def test_append_once_is_idempotent_per_batch(tmp_path):
+    uri = str(tmp_path / "q")
+    data = pa.table({"id": ["a"], "reason": ["null key"]})
+    assert append_once(uri, data, [], "w", 3) is True
+    assert append_once(uri, data, [], "w", 3) is False
+    assert append_once(uri, data, [], "w", 2) is False
+    assert append_once(uri, data.slice(0, 0), [], "w", 4) is False
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 1
+
+
+def test_read_commit_reports_txn_partitions_and_custom_metadata(target):
+    commit(target, rows(*[(k, d, 1, "x", "insert") for k in "ab" for d in ("d1", "d2", "d3")]), 0)
+    commit(target, rows(("a", "d2", 2, "y", "update")), 1)
+    merge = read_commit(target.uri, 2, ["dt"])
+    assert merge.app_versions == {"w": 1}
+    assert merge.partitions == frozenset({"dt=d2"})
+    assert merge.commit_info["k"] == "v"
+    assert read_commit(target.uri, 99, ["dt"]) is None
+
+
+def test_compaction_changes_no_partition(target):
+    for batch, d in enumerate(["d1", "d1", "d2"]):
+        commit(target, rows((f"k{batch}", d, 1, "x", "insert")), batch)
+    DeltaTable(target.uri).optimize.compact()
+    version = DeltaTable(target.uri).version()
+    summary = read_commit(target.uri, version, ["dt"])
+    assert summary.commit_info["operation"] == "OPTIMIZE"
+    assert summary.partitions == frozenset()
+
+
+def test_a_foreign_write_is_seen_with_its_partitions(target):
+    write_deltalake(target.uri, pa.table({"id": ["q"], "dt": ["d7"], "ts": [1], "v": ["f"]}).cast(SCHEMA),
+                    mode="append")
+    summary = read_commit(target.uri, DeltaTable(target.uri).version(), ["dt"])
+    assert summary.app_versions == {} and summary.partitions == frozenset({"dt=d7"})
+    assert json.dumps(summary.commit_info)  # plain JSON, as read from the log

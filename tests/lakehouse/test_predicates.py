@@ -1,0 +1,37 @@
+import pyarrow as pa
+import pytest
+
+from sink.lakehouse.predicates import merge_predicate, partition_predicate, sql_literal
+
+TYPES = {"dt": pa.string(), "day": pa.date32(), "n": pa.int32(), "flag": pa.bool_()}
+
+
+def test_literals_follow_the_column_type():
+    assert sql_literal("it's", pa.string()) == "'it''s'"
+    assert sql_literal("2025-01-02", pa.date32()) == "DATE '2025-01-02'"
+    assert sql_literal("42", pa.int64()) == "42"
+    assert sql_literal("true", pa.bool_()) == "true"
+
+
+def test_single_partition_column_gets_a_literal_in_list():
+    pred = merge_predicate(["id"], ["dt"], [{"dt": "2025-01-02"}, {"dt": "2025-01-01"}, {"dt": "2025-01-02"}], TYPES)
+    assert pred == "t.`id` = s.`id` AND t.`dt` = s.`dt` AND t.`dt` IN ('2025-01-01', '2025-01-02')"
+
+
+def test_several_partition_columns_get_an_or_of_ands():
+    pred = merge_predicate(["id"], ["day", "n"], [{"day": "2025-01-01", "n": "3"}], TYPES)
+    assert pred.endswith("AND ((t.`day` = DATE '2025-01-01' AND t.`n` = 3))")
+
+
+def test_unpartitioned_tables_have_no_partition_list():
+    assert merge_predicate(["a", "b"], [], [{}], TYPES) == "t.`a` = s.`a` AND t.`b` = s.`b`"
+
+
+def test_partitioned_merge_without_partitions_is_refused():
+    with pytest.raises(ValueError):
+        merge_predicate(["id"], ["dt"], [], TYPES)
+
+
+def test_partition_predicate():
+    assert partition_predicate({"dt": "x", "n": "1"}, TYPES) == "`dt` = 'x' AND `n` = 1"
+    assert partition_predicate({}, TYPES) == "TRUE"

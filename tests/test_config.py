@@ -1,0 +1,85 @@
+import pytest
+
+from sink.config import SinkConfig
+from sink.errors import ConfigError
+
+BASE = dict(table_uri="/data/t", key=["id"], ordering="ts", checkpoint_dir="/data/cp")
+
+
+def test_defaults_follow_the_design():
+    cfg = SinkConfig(**BASE)
+    assert cfg.partition_by == []
+    assert cfg.scope == "partitioned"
+    assert cfg.engine == "deltalake"
+    assert cfg.bootstrap_days == 7
+    assert cfg.partition_ttl_hours == 168
+    assert cfg.metrics_port == 9466
+    assert cfg.resolved_quarantine_uri == "/data/t_quarantine"
+    assert cfg.resolved_tombstone_uri == "/data/t_tombstones"
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        (dict(scope="table"), ["scope", "'table'", "partitioned", "global"]),
+        (dict(engine="spark"), ["engine", "deltalake", "delta-spark"]),
+        (dict(ties="newest"), ["ties", "incoming", "existing"]),
+        (dict(key=[]), ["key", "at least one"]),
+        (dict(key=["id", "id"]), ["key", "twice"]),
+        (dict(num_shards=0), ["num_shards", "1 to 4096"]),
+        (dict(metrics_port=70000), ["metrics_port", "0 to 65535"]),
+        (dict(bootstrap_days="7"), ["bootstrap_days", "integer"]),
+        (dict(partition_by=["id"]), ["key and partition_by", "id"]),
+        (dict(ordering="id"), ["ordering", "id"]),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_accepted(override, words):
+    with pytest.raises(ConfigError) as err:
+        SinkConfig(**{**BASE, **override})
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_writer_id_or_checkpoint_is_required():
+    with pytest.raises(ConfigError, match="checkpoint_dir .* or writer_id"):
+        SinkConfig(table_uri="/t", key=["id"], ordering="ts")
+
+
+def test_writer_id_is_stable_and_changes_with_the_checkpoint():
+    a = SinkConfig(**BASE).resolved_writer_id
+    assert a == SinkConfig(**BASE).resolved_writer_id
+    assert a != SinkConfig(**{**BASE, "checkpoint_dir": "/data/cp2"}).resolved_writer_id
+    assert SinkConfig(**{**BASE, "writer_id": "mine"}).resolved_writer_id == "mine"
+
+
+def test_from_file_resolves_paths_against_the_file(tmp_path):
+    conf = tmp_path / "conf" / "sink.toml"
+    conf.parent.mkdir()
+    conf.write_text(
+        '[sink]\ntable_uri = "../data/t"\nkey = "id"\nordering = "ts"\n'
+        'checkpoint_dir = "../data/cp"\npartition_by = ["dt"]\ndelete_when = "op = \'d\'"\n'
+    )
+    cfg = SinkConfig.from_file(conf)
+    assert cfg.table_uri == str(tmp_path / "data" / "t")
+    assert cfg.checkpoint_dir == str(tmp_path / "data" / "cp")
+    assert cfg.key == ["id"]
+    assert cfg.delete_when == "op = 'd'"
+
+
+def test_from_file_rejects_unknown_keys(tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text('[sink]\ntable_uri = "t"\nkey = ["id"]\nordering = "ts"\nwriter_id = "w"\nshards = 4\n')
+    with pytest.raises(ConfigError, match=r"unknown sink key\(s\) \['shards'\].*num_shards"):
+        SinkConfig.from_file(conf)
+
+
+def test_from_file_missing_required_and_missing_table(tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text('[sink]\ntable_uri = "t"\n')
+    with pytest.raises(ConfigError, match=r"\['key', 'ordering'\] are required"):
+        SinkConfig.from_file(conf)
+    conf.write_text('[source]\npath = "x"\n')
+    with pytest.raises(ConfigError, match=r"no \[sink\] table"):
+        SinkConfig.from_file(conf)
+    with pytest.raises(ConfigError, match="not found"):
+        SinkConfig.from_file(tmp_path / "nope.toml")

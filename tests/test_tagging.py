@@ -1,0 +1,98 @@
+import pyarrow as pa
+
+from sink.index.entry import Entry
+from sink.tagging import tag
+
+P = "dt=2025-01-01"
+
+
+def run(records, index=None, incoming_wins=True):
+    """records: (key, ordering, is_delete) in arrival order; index: key -> Entry."""
+    index = index or {}
+    looked_up = []
+
+    def lookup(pid, keys):
+        looked_up.append((pid, list(keys)))
+        return [index.get(k.decode()) for k in keys]
+
+    n = len(records)
+    result = tag(
+        pa.array([r[0] for r in records], pa.string()),
+        pa.array([P] * n, pa.string()),
+        pa.array([r[1] for r in records], pa.int64()),
+        pa.array([r[2] for r in records], pa.bool_()),
+        pa.array(range(n), pa.int64()),
+        lookup,
+        incoming_wins,
+    )
+    return result, looked_up
+
+
+def test_new_key_is_insert_known_key_update_older_stale():
+    result, _ = run(
+        [("new", 5, False), ("known", 5, False), ("old", 5, False)],
+        index={"known": Entry(4), "old": Entry(6)},
+    )
+    assert result.op == ["insert", "update", "stale"]
+    assert result.write == ["insert", "update", None]
+    assert result.hit == [False, True, True]
+    assert result.changes == {P: {b"new": Entry(5), b"known": Entry(5)}}
+
+
+def test_delete_of_live_key_deletes_and_of_unknown_key_leaves_a_tombstone():
+    result, _ = run([("live", 7, True), ("ghost", 7, True)], index={"live": Entry(3)})
+    assert result.op == ["delete", "delete"]
+    assert result.write == ["delete", "tombstone"]
+    assert result.changes == {P: {b"live": Entry(7, True), b"ghost": Entry(7, True)}}
+
+
+def test_older_update_of_a_deleted_key_stays_deleted():
+    result, _ = run([("k", 4, False)], index={"k": Entry(5, deleted=True)})
+    assert result.op == ["stale"]
+    assert result.write == [None]
+    assert result.changes == {}
+
+
+def test_newer_update_of_a_deleted_key_reinserts():
+    result, _ = run([("k", 6, False)], index={"k": Entry(5, deleted=True)})
+    assert result.op == ["insert"]
+    assert result.write == ["insert"]
+
+
+def test_ties_follow_the_policy():
+    incoming, _ = run([("k", 5, False)], index={"k": Entry(5)}, incoming_wins=True)
+    existing, _ = run([("k", 5, False)], index={"k": Entry(5)}, incoming_wins=False)
+    assert (incoming.op, existing.op) == (["update"], ["stale"])
+
+
+def test_in_batch_duplicates_are_one_insert_then_updates_and_the_highest_wins():
+    # Arrival order 3, 1, 2: applied in ordering order, so 1 inserts, 2 and 3 update.
+    result, lookups = run([("k", 3, False), ("k", 1, False), ("k", 2, False)])
+    assert result.op == ["update", "insert", "update"]
+    assert result.write == ["insert", None, None]  # one table write, on the winning record
+    assert result.changes == {P: {b"k": Entry(3)}}
+    assert lookups == [(P, [b"k"])]  # one lookup per distinct key
+
+
+def test_equal_ordering_in_a_batch_later_arrival_wins():
+    result, _ = run([("k", 2, False), ("k", 2, True)])
+    assert result.op == ["insert", "delete"]
+    assert result.write == [None, "tombstone"]  # inserted and deleted in one batch: the table never sees it
+
+
+def test_delete_then_newer_insert_in_one_batch_is_an_update_of_a_live_key():
+    result, _ = run([("k", 6, True), ("k", 7, False)], index={"k": Entry(5)})
+    assert result.op == ["delete", "insert"]
+    assert result.write == [None, "update"]
+    assert result.changes == {P: {b"k": Entry(7)}}
+
+
+def test_stale_records_in_a_batch_do_not_hide_a_newer_one():
+    result, _ = run([("k", 1, False), ("k", 9, False)], index={"k": Entry(5)})
+    assert result.op == ["stale", "update"]
+    assert result.write == [None, "update"]
+
+
+def test_empty_input():
+    result, lookups = run([])
+    assert (result.op, result.changes, lookups) == ([], {}, [])
