@@ -1,0 +1,49 @@
+"""An independent model of what the table must hold: per key, the record with the highest
+(ordering, batch, position in batch) wins; a winning delete means the key is absent."""
+
+from __future__ import annotations
+
+import random
+from typing import NamedTuple
+
+
+class Event(NamedTuple):
+    id: str | None
+    dt: str | None
+    ts: int | None
+    op: str
+    v: str
+
+
+SCHEMA = "id string, dt string, ts long, op string, v string"
+
+
+def expected_rows(batches: list[list[Event]]) -> list[dict]:
+    best: dict[tuple, tuple] = {}
+    for b, events in enumerate(batches):
+        for pos, e in enumerate(events):
+            if e.id is None or e.dt is None or e.ts is None:
+                continue
+            rank = (e.ts, b, pos)
+            key = (e.dt, e.id)
+            if key not in best or rank > best[key][0]:
+                best[key] = (rank, e)
+    live = [e for _, e in best.values() if e.op != "d"]
+    return sorted((e._asdict() for e in live), key=lambda r: (r["dt"], r["id"]))
+
+
+def random_batches(seed: int, batches: int, per_batch: int, keys: int = 150, days: int = 4,
+                   bad_share: float = 0.02) -> list[list[Event]]:
+    """Few keys and a narrow ordering range: in-batch duplicates, ties, late and stale
+    events, deletes followed by older updates, all happen often."""
+    rng = random.Random(seed)
+    out = []
+    for b in range(batches):
+        events = []
+        for j in range(per_batch):
+            k = rng.randrange(keys)
+            ident = None if rng.random() < bad_share else f"k{k}"
+            op = "d" if rng.random() < 0.15 else "u"
+            events.append(Event(ident, f"2025-01-0{1 + k % days}", rng.randrange(0, 60), op, f"b{b}-{j}"))
+        out.append(events)
+    return out

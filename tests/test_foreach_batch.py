@@ -1,0 +1,141 @@
+import shutil
+
+import pytest
+from deltalake import DeltaTable
+from prometheus_client import REGISTRY
+
+from sink import SchemaError, SinkConfig, UpsertSink, WriterIdReusedError
+from tests.oracle import SCHEMA, Event, expected_rows, random_batches
+
+pytestmark = pytest.mark.spark
+
+
+def table_rows(uri):
+    rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: (r["dt"], r["id"]))
+
+
+def config(tmp_path, **extra):
+    return SinkConfig(
+        table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
+        delete_when="op = 'd'", checkpoint_dir=str(tmp_path / "cp"), index_dir=str(tmp_path / "index"),
+        metrics_port=0, **extra,
+    )
+
+
+def frame(spark, events):
+    return spark.createDataFrame(events, SCHEMA)
+
+
+@pytest.mark.parametrize("seed, shards", [(1, 2), (2, 3)])
+def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed, shards):
+    cfg = config(tmp_path, num_shards=shards)
+    batches = random_batches(seed, batches=7, per_batch=300)
+    sink = UpsertSink(cfg)
+    for b, events in enumerate(batches):
+        if b in (2, 5):
+            sink = UpsertSink(cfg)  # a query restart: a new sink object, same replica on disk
+        if b in (3, 5):
+            shutil.rmtree(tmp_path / "index")  # the replica is lost: costs time, never correctness
+        sink(frame(spark, events), b)
+        report = sink.reports[-1]
+        assert report.mode in ("append", "merge")
+        assert report.records_in == len(events)
+        assert report.ops["quarantined"] == sum(e.id is None for e in events)
+        assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+        if b == 4:
+            # The same batch id handed again: already committed, nothing written or counted.
+            version = DeltaTable(cfg.table_uri).version()
+            sink(frame(spark, events), b)
+            assert sink.reports[-1].mode == "skipped"
+            assert sink.reports[-1].records_in == 0
+            assert DeltaTable(cfg.table_uri).version() == version
+            assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1])
+    modes = {r.mode for r in sink.reports}
+    assert "merge" in modes
+
+
+def test_replay_after_a_lost_checkpoint_commit_is_skipped_by_a_new_sink(spark, tmp_path):
+    cfg = config(tmp_path)
+    events = [Event("a", "2025-01-01", 1, "u", "x"), Event("b", "2025-01-01", 1, "d", "y")]
+    UpsertSink(cfg)(frame(spark, events), 0)
+    restarted = UpsertSink(cfg)
+    restarted(frame(spark, events), 0)  # Spark replays batch 0 after a crash before its checkpoint
+    assert restarted.reports[-1].mode == "skipped"
+    assert table_rows(cfg.table_uri) == expected_rows([events])
+
+
+def test_a_batch_older_than_the_committed_one_means_a_reused_writer_id(spark, tmp_path):
+    cfg = config(tmp_path)
+    sink = UpsertSink(cfg)
+    for b in range(3):
+        sink(frame(spark, [Event(f"k{b}", "2025-01-01", b, "u", "x")]), b)
+    with pytest.raises(WriterIdReusedError, match="new checkpoint location needs a new writer_id"):
+        UpsertSink(cfg)(frame(spark, [Event("z", "2025-01-01", 9, "u", "x")]), 0)
+
+
+def test_bad_records_go_to_quarantine_with_their_reason_and_good_ones_commit(spark, tmp_path):
+    cfg = config(tmp_path)
+    events = [
+        Event("good", "2025-01-01", 1, "u", "ok"),
+        Event(None, "2025-01-01", 1, "u", "no key"),
+        Event("p", None, 1, "u", "no partition"),
+        Event("o", "2025-01-01", None, "u", "no ordering"),
+    ]
+    sink = UpsertSink(cfg)
+    sink(frame(spark, events), 0)
+    assert table_rows(cfg.table_uri) == [events[0]._asdict()]
+    quarantine = sorted(DeltaTable(cfg.resolved_quarantine_uri).to_pyarrow_table().to_pylist(),
+                        key=lambda r: r["v"])
+    assert [(r["v"], r["_quarantine_reason"], r["_quarantine_batch_id"]) for r in quarantine] == [
+        ("no key", "null key column id", 0),
+        ("no ordering", "null ordering column ts", 0),
+        ("no partition", "null partition column dt", 0),
+    ]
+    assert sink.reports[-1].ops["quarantined"] == 3
+    sink(frame(spark, events), 0)  # a replayed batch does not quarantine twice
+    assert DeltaTable(cfg.resolved_quarantine_uri).to_pyarrow_table().num_rows == 3
+
+
+def test_a_config_naming_a_missing_column_fails_before_anything_is_written(spark, tmp_path):
+    cfg = SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="event_time",
+                     writer_id="w", metrics_port=0)
+    with pytest.raises(SchemaError, match="ordering column 'event_time' is not in the stream"):
+        UpsertSink(cfg)(frame(spark, [Event("a", "d", 1, "u", "x")]), 0)
+    assert not DeltaTable.is_deltatable(cfg.table_uri)
+
+
+def test_a_bad_delete_expression_is_named(spark, tmp_path):
+    cfg = config(tmp_path, writer_id="w")
+    cfg.delete_when = "operation = 'd'"
+    with pytest.raises(SchemaError, match="delete_when = \"operation = 'd'\" does not apply"):
+        UpsertSink(cfg).validate(frame(spark, []))
+
+
+def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
+    cfg = config(tmp_path, writer_id="metrics-test")
+    events = [
+        Event("a", "2025-01-01", 1, "u", "1"),
+        Event("a", "2025-01-01", 2, "u", "2"),  # same key again: an update
+        Event("b", "2025-01-02", 1, "u", "1"),
+        Event("c", "2025-01-02", 1, "d", "1"),  # delete of a key never seen
+        Event(None, "2025-01-02", 1, "u", "bad"),
+    ]
+    sink = UpsertSink(cfg)
+    sink(frame(spark, events), 0)
+    sink(frame(spark, [Event("a", "2025-01-01", 0, "u", "old"), Event("b", "2025-01-02", 5, "u", "new")]), 1)
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, {"sink": "metrics-test", **labels})
+
+    assert value("upsert_sink_records_total", op="insert") == 2
+    assert value("upsert_sink_records_total", op="update") == 2
+    assert value("upsert_sink_records_total", op="delete") == 1
+    assert value("upsert_sink_records_total", op="stale") == 1
+    assert value("upsert_sink_records_total", op="quarantined") == 1
+    # Distinct keys looked up: a, b, c miss in batch 0; a, b hit in batch 1.
+    assert value("upsert_sink_index_lookups_total", result="miss") == 3
+    assert value("upsert_sink_index_lookups_total", result="hit") == 2
+    assert value("upsert_sink_commits_total", mode="append") == 1
+    assert value("upsert_sink_commits_total", mode="merge") == 1
+    assert value("upsert_sink_table_version") == DeltaTable(cfg.table_uri).version()

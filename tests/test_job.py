@@ -1,0 +1,84 @@
+import json
+
+import pytest
+from deltalake import DeltaTable
+
+from jobs.job_config import load_job_config
+from jobs.upsert_stream import run
+from sink import SchemaError
+from sink.errors import ConfigError
+from tests.oracle import expected_rows, random_batches
+
+pytestmark = pytest.mark.spark
+
+CONFIG = """
+[sink]
+table_uri = "data/table"
+key = ["id"]
+partition_by = ["dt"]
+ordering = "ts"
+delete_when = "op = 'd'"
+checkpoint_dir = "data/checkpoint"
+index_dir = "data/index"
+metrics_port = 0
+
+[source]
+format = "json"
+path = "data/landing"
+schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
+max_files_per_trigger = 1
+"""
+
+
+def drop_file(landing, name, events):
+    landing.mkdir(parents=True, exist_ok=True)
+    (landing / name).write_text("".join(json.dumps(e._asdict()) + "\n" for e in events))
+
+
+def table_rows(uri):
+    return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
+
+
+def test_job_processes_new_files_once_and_continues_after_a_restart(spark, tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG)
+    landing = tmp_path / "data" / "landing"
+    batches = random_batches(7, batches=4, per_batch=200)
+    for i in range(2):
+        drop_file(landing, f"f{i}.json", batches[i])
+    first = run(str(conf), once=True)
+    assert [r.batch_id for r in first.reports] == [0, 1]  # one file per trigger
+    table_uri = str(tmp_path / "data" / "table")
+    assert table_rows(table_uri) == expected_rows(batches[:2])
+
+    for i in range(2, 4):
+        drop_file(landing, f"f{i}.json", batches[i])
+    second = run(str(conf), once=True)  # a restart: same checkpoint, only the new files
+    assert [r.batch_id for r in second.reports] == [2, 3]
+    assert sum(r.records_in for r in second.reports) == 400
+    assert table_rows(table_uri) == expected_rows(batches)
+
+
+def test_job_fails_before_the_first_batch_when_a_column_is_missing(spark, tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG.replace('ordering = "ts"', 'ordering = "event_time"'))
+    with pytest.raises(SchemaError, match="ordering column 'event_time' is not in the stream"):
+        run(str(conf), once=True)
+    assert not DeltaTable.is_deltatable(str(tmp_path / "data" / "table"))
+
+
+def test_job_config_errors_name_the_key(tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG.replace('format = "json"', 'format = "csv"'))
+    with pytest.raises(ConfigError, match=r"source.format = 'csv' is not accepted; accepted values: \['json', 'parquet'\]"):
+        load_job_config(conf)
+    conf.write_text(CONFIG + "\n[job]\ntrigger = 5\n")
+    with pytest.raises(ConfigError, match=r"unknown job key\(s\) \['trigger'\]"):
+        load_job_config(conf)
+
+
+def test_the_shipped_example_config_loads():
+    from pathlib import Path
+
+    cfg = load_job_config(Path(__file__).resolve().parent.parent / "conf" / "sink.toml")
+    assert cfg.sink.key == ["event_id"] and cfg.source.format == "json"
