@@ -91,6 +91,9 @@ def summarize(sink, table_uri: str, seconds: float) -> str:
     records = sum(r.records_in for r in reports)
     modes = Counter(r.mode for r in reports)
     hits, misses = sum(r.hits for r in reports), sum(r.misses for r in reports)
+    loads = Counter()
+    for r in reports:
+        loads.update(r.partition_loads)
     table = DeltaTable(table_uri)
     ids = table.to_pyarrow_table(columns=["dt", "event_id"])
     keys = pc.binary_join_element_wise(ids.column("dt"), ids.column("event_id"), "/")
@@ -103,7 +106,8 @@ def summarize(sink, table_uri: str, seconds: float) -> str:
         f"batches: {len(reports)}  ({dict(modes)})  records in: {records}  in {seconds:.1f}s "
         f"= {records / seconds if seconds else 0:,.0f} events/s end to end",
         "operations: " + "  ".join(f"{k}={ops[k]}" for k in ("insert", "update", "delete", "stale", "quarantined")),
-        f"index: hits={hits} misses={misses} partition loads={sum(r.partition_loads for r in reports)}",
+        f"index: hits={hits} misses={misses} partition loads: bootstrap={loads['bootstrap']} "
+        f"on_demand={loads['on_demand']}",
         f"per batch: tag {_mean(tag_s):.2f}s  commit {_mean(commit_s):.2f}s (mean)",
         f"table: version {table.version()}  rows {ids.num_rows}  keys with two rows: {duplicates}",
         f"  {table_uri}",

@@ -33,6 +33,16 @@ class SinkConfig:
     num_shards: int | None = None
     bootstrap_days: int = 7
     partition_ttl_hours: int = 168
+    # How a partition's date is read: a date column, a string column parsed with
+    # partition_date_format, or [year, month, day] columns. None: detected from the
+    # partition columns (a date column, year/month/day, or one '%Y-%m-%d' string column).
+    partition_date: str | list[str] | None = None
+    partition_date_format: str = "%Y-%m-%d"
+    # For partitions without a date: the column whose max value (Delta file statistics)
+    # dates the partition.
+    tiering_column: str | None = None
+    # Disk budget of one shard replica; least recently used partitions go first.
+    index_max_bytes: int | None = None
     engine: str = "deltalake"
     metrics_port: int = 9466
     # Which record wins when the incoming ordering value equals the stored one.
@@ -98,6 +108,9 @@ class SinkConfig:
             _require_int("num_shards", self.num_shards, 1, 4096)
         _require_int("bootstrap_days", self.bootstrap_days, 0, 100_000)
         _require_int("partition_ttl_hours", self.partition_ttl_hours, 1, 1_000_000)
+        self._validate_tiering()
+        if self.index_max_bytes is not None:
+            _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)
         _require_int("metrics_port", self.metrics_port, 0, 65535)
         _require_int("max_commit_retries", self.max_commit_retries, 0, 100)
         if self.writer_id is not None:
@@ -107,6 +120,27 @@ class SinkConfig:
                 "set checkpoint_dir (the query's checkpoint location) or writer_id: "
                 "the writer id makes commits exactly-once and must change with the checkpoint"
             )
+
+    def _validate_tiering(self) -> None:
+        date = self.partition_date
+        if isinstance(date, str):
+            if date not in self.partition_by:
+                raise ConfigError(
+                    f"partition_date = {date!r} must be one of partition_by {self.partition_by}"
+                )
+        elif isinstance(date, list):
+            if len(date) != 3 or not set(date) <= set(self.partition_by):
+                raise ConfigError(
+                    f"partition_date = {date!r} must be [year, month, day] columns of partition_by "
+                    f"{self.partition_by}"
+                )
+        elif date is not None:
+            raise ConfigError(
+                f"partition_date must be a column name or [year, month, day] columns, got {date!r}"
+            )
+        _require_str("partition_date_format", self.partition_date_format)
+        if self.tiering_column is not None:
+            _require_str("tiering_column", self.tiering_column)
 
     @property
     def resolved_writer_id(self) -> str:

@@ -2,9 +2,10 @@
 
 Records arrive routed by shard (`repartition(N, shard)`), so a shard's records are all
 in one task. For each shard in its input the task opens the shard's replica, catches
-it up to the table version the driver will commit on, loads the partitions its records
-need and the replica lacks (all together, concurrently), tags the records and stages
-the changes under the batch id. It yields the tagged records and one stats row.
+it up to the table version the driver will commit on (bootstrapping the hot window when
+the replica is new or unusable), loads the partitions its records need and the replica
+lacks (all together, concurrently), tags the records, stages the changes under the batch
+id and evicts cold partitions. It yields the tagged records and one stats row.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -23,15 +23,14 @@ from deltalake import DeltaTable
 
 from sink import columns as C
 from sink import keys
-from sink.errors import PartitionLoadError
 from sink.index.catchup import catch_up
-from sink.index.loader import read_partition
+from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
+from sink.index.loader import has_change_data_feed, read_changes
 from sink.index.replica import ShardReplica, replica_path
 from sink.lakehouse.log import read_commit
 from sink.tagging import tag
 
-LOAD_THREADS = 4
-LOAD_ATTEMPTS = 3
+INDEX_SUBDIR = "upsert-sink-index"
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,18 @@ class TaskContext:
     partition_cols: tuple[str, ...]
     ordering: str
     num_shards: int
-    index_dir: str | None
     incoming_wins_ties: bool
     # The task's output: the stream's own columns, then OP, WRITE, HIT, STATS.
     output_schema: pa.Schema
+    now: float  # the driver's clock at batch start (TTLs, access times)
+    index_dir: str | None = None  # configured; else under this executor's Spark local dir
+    driver_local_dir: str | None = None  # spark.local.dir as the driver sees it
+    bootstrap_days: int = 7
+    partition_date: str | tuple[str, ...] | None = None
+    partition_date_format: str = "%Y-%m-%d"
+    tiering_column: str | None = None
+    partition_ttl_hours: int = 168
+    index_max_bytes: int | None = None
 
     @property
     def spec(self) -> str:
@@ -60,20 +67,30 @@ class TaskContext:
             {"key": self.key_cols, "partition_by": self.partition_cols, "ordering": self.ordering}
         )
 
+    def index_root(self) -> str:
+        return self.index_dir or default_index_root(self.driver_local_dir)
 
-def default_index_root() -> str:
-    """Spark's local dir on this executor (never bare /tmp itself)."""
-    local_dirs = os.environ.get("SPARK_LOCAL_DIRS") or os.environ.get("SPARK_LOCAL_DIR")
+
+def default_index_root(driver_local_dir: str | None = None) -> str:
+    """Under Spark's local dir on this executor (SPARK_LOCAL_DIRS, set by cluster managers),
+    else the driver's spark.local.dir, else the system temp dir; never bare /tmp itself."""
+    local_dirs = os.environ.get("SPARK_LOCAL_DIRS") or driver_local_dir
     base = local_dirs.split(",")[0] if local_dirs else tempfile.gettempdir()
-    return os.path.join(base, "upsert-sink-index")
+    return os.path.join(base, INDEX_SUBDIR)
+
+
+def new_stats() -> dict:
+    return {"shard_ids": [], "loads": {"bootstrap": 0, "on_demand": 0}, "load_seconds": 0.0,
+            "loaded_keys": 0, "commits_read": 0, "invalidated": 0, "applied": 0, "promoted": 0,
+            "rebuilds": 0, "evicted": 0, "partitions_held": 0, "cached_records": 0, "cached_bytes": 0,
+            "tag_seconds": 0.0}
 
 
 def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: tag this task's records, shard by shard, then report stats."""
     batches = list(batches)
     records = pa.Table.from_batches(batches) if batches else None
-    stats = {"shard_ids": [], "partition_loads": 0, "load_seconds": 0.0, "commits_read": 0,
-             "invalidated": 0, "promoted": 0, "rebuilds": 0, "tag_seconds": 0.0}
+    stats = new_stats()
     if records is not None and records.num_rows:
         for shard in pc.unique(records.column(C.SHARD)).to_pylist():
             rows = records.filter(pc.equal(records.column(C.SHARD), shard))
@@ -82,33 +99,61 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
     yield _stats_batch(ctx.output_schema, stats)
 
 
+def shard_source(ctx: TaskContext, shard: int) -> ShardSource:
+    tombstones = DeltaTable(ctx.tombstone_uri) if DeltaTable.is_deltatable(ctx.tombstone_uri) else None
+    return ShardSource(DeltaTable(ctx.table_uri, version=ctx.table_version), tombstones,
+                       ctx.key_cols, ctx.ordering, shard, ctx.num_shards)
+
+
+def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: dict) -> ShardSource:
+    """Catch the replica up to the batch's table version; bootstrap it if it was emptied."""
+    source = shard_source(ctx, shard)
+    changes = None
+    if has_change_data_feed(source.table):
+        def changes(v: int):
+            return read_changes(source.table, v, ctx.key_cols, ctx.partition_cols, ctx.ordering,
+                                shard, ctx.num_shards)
+    report = catch_up(
+        replica, ctx.table_version,
+        lambda v: read_commit(ctx.table_uri, v, list(ctx.partition_cols)),
+        ctx.writer_id, shard, changes,
+    )
+    stats["commits_read"] += report.commits_read
+    stats["invalidated"] += len(report.invalidated)
+    stats["applied"] += report.applied
+    stats["promoted"] += report.promoted
+    if report.rebuilt is not None:
+        stats["rebuilds"] += 1
+        booted = bootstrap(
+            replica, source, ctx.partition_cols, (ctx.partition_date, ctx.partition_date_format),
+            ctx.tiering_column, ctx.bootstrap_days, ctx.now,
+        )
+        _count_loads(stats, "bootstrap", booted)
+    return source
+
+
 def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.Table:
     started = time.perf_counter()
     pids = keys.partition_ids(rows, ctx.partition_cols)
-    root = ctx.index_dir or default_index_root()
-    path = replica_path(root, ctx.table_id, shard, ctx.num_shards)
+    path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
     with ShardReplica.open(path, ctx.spec) as replica:
-        report = catch_up(
-            replica, ctx.table_version,
-            lambda v: read_commit(ctx.table_uri, v, list(ctx.partition_cols)),
-            ctx.writer_id, shard,
-        )
+        source = prepare_replica(ctx, replica, shard, stats)
         needed = pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]
-        stats["load_seconds"] += _load_partitions(ctx, replica, shard, missing)
-        replica.touch(needed)
+        _count_loads(stats, "on_demand", load_partitions(replica, source, missing, "on_demand", now=ctx.now))
+        replica.touch(needed, ctx.now)
         result = tag(
             rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
             rows.column(C.DELETE).combine_chunks(), rows.column(C.SEQ).combine_chunks(),
             replica.lookup, ctx.incoming_wins_ties,
         )
         replica.stage(ctx.batch_id, result.changes)
+        stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes, set(needed)))
+        sizes = replica.partition_sizes()
+        stats["partitions_held"] += len(sizes)
+        stats["cached_records"] += sum(e for e, _ in sizes.values())
+        stats["cached_bytes"] += sum(b for _, b in sizes.values())
     stats["shard_ids"].append(shard)
-    stats["partition_loads"] += len(missing)
-    stats["commits_read"] += report.commits_read
-    stats["invalidated"] += len(report.invalidated)
-    stats["promoted"] += report.promoted
-    stats["rebuilds"] += int(report.rebuilt is not None and report.rebuilt != "new replica")
     stats["tag_seconds"] += time.perf_counter() - started
     user_columns = [n for n in rows.column_names if not n.startswith(C.PREFIX)]
     return (
@@ -119,33 +164,10 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
     )
 
 
-def _load_partitions(ctx: TaskContext, replica: ShardReplica, shard: int, pids: list[str]) -> float:
-    """Load every missing partition at the table version, concurrently; seconds spent."""
-    if not pids:
-        return 0.0
-    started = time.perf_counter()
-    table = DeltaTable(ctx.table_uri, version=ctx.table_version)
-    tombstones = DeltaTable(ctx.tombstone_uri) if DeltaTable.is_deltatable(ctx.tombstone_uri) else None
-
-    def load(pid: str) -> None:
-        error: Exception | None = None
-        for _ in range(LOAD_ATTEMPTS):
-            try:
-                k, entries = read_partition(
-                    table, tombstones, pid, ctx.key_cols, ctx.ordering, shard, ctx.num_shards
-                )
-                replica.load_partition(pid, k, entries, reason="on_demand")
-                return
-            except Exception as e:  # retried, then reported with the partition's name
-                error = e
-        raise PartitionLoadError(
-            f"loading partition {pid} of {ctx.table_uri} at version {ctx.table_version} "
-            f"into shard {shard} failed {LOAD_ATTEMPTS} times: {error}"
-        ) from error
-
-    with ThreadPoolExecutor(max_workers=min(LOAD_THREADS, len(pids))) as pool:
-        list(pool.map(load, pids))
-    return time.perf_counter() - started
+def _count_loads(stats: dict, reason: str, report) -> None:
+    stats["loads"][reason] += report.partitions
+    stats["load_seconds"] += report.seconds
+    stats["loaded_keys"] += report.keys
 
 
 def _stats_batch(schema: pa.Schema, stats: dict) -> pa.RecordBatch:

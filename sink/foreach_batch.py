@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -17,7 +18,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sink import columns as C
 from sink import metrics
 from sink.config import SinkConfig
-from sink.errors import CommitConflictError, WriterIdReusedError
+from sink.errors import CommitConflictError, PartitionLoadError, WriterIdReusedError
 from sink.executor import TaskContext, tag_batches
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import SHARDS_PROPERTY
@@ -39,8 +40,15 @@ class BatchReport:
     ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*OPS, "quarantined"), 0))
     hits: int = 0
     misses: int = 0
-    partition_loads: int = 0
+    partition_loads: dict[str, int] = field(default_factory=lambda: {"bootstrap": 0, "on_demand": 0})
     load_seconds: float = 0.0
+    loaded_keys: int = 0
+    commits_read: int = 0
+    invalidated: int = 0
+    evicted: int = 0
+    partitions_held: int = 0
+    cached_records: int = 0
+    cached_bytes: int = 0
     mode: str = "none"  # append | merge | skipped | none (nothing to change)
     table_version: int | None = None
     merge_partitions: int = 0
@@ -54,7 +62,7 @@ class BatchReport:
         return (
             f"batch={self.batch_id} in={self.records_in} inserted={o['insert']} updated={o['update']} "
             f"deleted={o['delete']} stale={o['stale']} quarantined={o['quarantined']} "
-            f"hits={self.hits} misses={self.misses} loads={self.partition_loads} mode={self.mode} "
+            f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
             f"commit_s={self.commit_seconds:.2f} total_s={self.total_seconds:.2f}"
         )
@@ -63,8 +71,10 @@ class BatchReport:
 class UpsertSink:
     """`writeStream.foreachBatch(UpsertSink(cfg))`: exactly-once upserts into a Delta table."""
 
-    def __init__(self, config: SinkConfig):
+    def __init__(self, config: SinkConfig, clock: Callable[[], float] = time.time):
+        """`clock` gives the time used for partition access times and TTLs (tests inject one)."""
         self.config = config
+        self._clock = clock
         self.writer_id = config.resolved_writer_id
         self.reports: list[BatchReport] = []
         self._target = DeltaTarget(config.table_uri, config.partition_by)
@@ -135,16 +145,21 @@ class UpsertSink:
                 partition_cols=tuple(cfg.partition_by),
                 ordering=cfg.ordering,
                 num_shards=num_shards,
-                index_dir=cfg.index_dir,
                 incoming_wins_ties=cfg.incoming_wins_ties,
                 output_schema=arrow_out,
+                now=self._clock(),
+                index_dir=cfg.index_dir,
+                driver_local_dir=batch_df.sparkSession.conf.get("spark.local.dir", None),
+                bootstrap_days=cfg.bootstrap_days,
+                partition_date=(tuple(cfg.partition_date) if isinstance(cfg.partition_date, list)
+                                else cfg.partition_date),
+                partition_date_format=cfg.partition_date_format,
+                tiering_column=cfg.tiering_column,
+                partition_ttl_hours=cfg.partition_ttl_hours,
+                index_max_bytes=cfg.index_max_bytes,
             )
             tag_started = time.perf_counter()
-            tagged = (
-                good.repartition(num_shards, F.col(C.SHARD))
-                .mapInArrow(partial(tag_batches, ctx), out_schema)
-                .toArrow()
-            )
+            tagged = self._tag(good, ctx, out_schema)
             report.tag_seconds += time.perf_counter() - tag_started
             records, shards = self._read_tags(tagged, report)
             commit_started = time.perf_counter()
@@ -164,6 +179,21 @@ class UpsertSink:
         report.records_in = report.ops["quarantined"] + sum(report.ops[o] for o in OPS)
         self._write_tombstones(batch_df, batch_id, prepared=good)
 
+    def _tag(self, good: DataFrame, ctx: TaskContext, out_schema) -> pa.Table:
+        try:
+            return (
+                good.repartition(ctx.num_shards, F.col(C.SHARD))
+                .mapInArrow(partial(tag_batches, ctx), out_schema)
+                .toArrow()
+            )
+        except Exception as e:
+            # A task that failed its partition loads fails the batch; the message names them.
+            if PartitionLoadError.__name__ not in str(e):
+                raise
+            metrics.LOAD_FAILURES.labels(self.writer_id).inc()
+            detail = next((line for line in str(e).splitlines() if PartitionLoadError.__name__ in line), "")
+            raise PartitionLoadError(f"batch {ctx.batch_id}: {detail.strip()}") from e
+
     def _read_tags(self, tagged: pa.Table, report: BatchReport) -> tuple[pa.Table, list[int]]:
         """Split the task output into records and stats; fill the report's counts."""
         is_stats = pc.equal(tagged.column(C.OP), C.STATS_OP)
@@ -175,8 +205,11 @@ class UpsertSink:
         hits = records.column(C.HIT)
         report.hits = pc.sum(pc.cast(pc.fill_null(hits, False), "int64")).as_py() or 0
         report.misses = pc.sum(pc.cast(pc.equal(hits, False), "int64")).as_py() or 0
-        report.partition_loads = sum(s["partition_loads"] for s in stats_rows)
-        report.load_seconds = sum(s["load_seconds"] for s in stats_rows)
+        for reason in report.partition_loads:
+            report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
+        for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
+                     "partitions_held", "cached_records", "cached_bytes"):
+            setattr(report, name, sum(s[name] for s in stats_rows))
         shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
         return records, shards
 
@@ -223,9 +256,15 @@ class UpsertSink:
             metrics.RECORDS.labels(sink, op).inc(n)
         metrics.LOOKUPS.labels(sink, "hit").inc(report.hits)
         metrics.LOOKUPS.labels(sink, "miss").inc(report.misses)
-        metrics.PARTITION_LOADS.labels(sink, "on_demand").inc(report.partition_loads)
-        if report.partition_loads:
+        for reason, n in report.partition_loads.items():
+            metrics.PARTITION_LOADS.labels(sink, reason).inc(n)
+        if any(report.partition_loads.values()):
             metrics.LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)
+        if report.mode != "skipped":
+            metrics.EVICTIONS.labels(sink).inc(report.evicted)
+            metrics.PARTITIONS_HELD.labels(sink).set(report.partitions_held)
+            metrics.CACHED_RECORDS.labels(sink).set(report.cached_records)
+            metrics.CACHED_BYTES.labels(sink).set(report.cached_bytes)
         metrics.COMMIT_RETRIES.labels(sink).inc(report.retries)
         if report.mode == "skipped":
             metrics.BATCHES_SKIPPED.labels(sink).inc()

@@ -14,6 +14,19 @@ LOOKUPS = Counter("upsert_sink_index_lookups", "Index lookups of distinct batch 
 PARTITION_LOADS = Counter(
     "upsert_sink_index_partition_loads", "Partitions loaded into replicas", [*_LABEL, "reason"]
 )
+LOAD_FAILURES = Counter(
+    "upsert_sink_index_load_failures", "Batches failed by a partition that would not load", _LABEL
+)
+EVICTIONS = Counter("upsert_sink_index_evictions", "Partitions evicted from replicas", _LABEL)
+PARTITIONS_HELD = Gauge(
+    "upsert_sink_index_partitions", "Partitions held by the replicas the latest batch used", _LABEL
+)
+CACHED_RECORDS = Gauge(
+    "upsert_sink_index_cached_records", "Entries in the replicas the latest batch used", _LABEL
+)
+CACHED_BYTES = Gauge(
+    "upsert_sink_index_cached_bytes", "Bytes of the replicas the latest batch used", _LABEL
+)
 LATEST_LOAD_SECONDS = Gauge(
     "upsert_sink_index_latest_load_seconds", "Seconds the latest batch spent loading partitions", _LABEL
 )

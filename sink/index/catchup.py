@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sink.index.entry import Entry
 from sink.index.replica import ShardReplica
 from sink.lakehouse.log import CommitSummary
 
 ReadCommit = Callable[[int], CommitSummary | None]
+# Row-level changes of one commit for this shard (partition id -> key -> entry), or None
+# when the table has no change data feed for it.
+ReadChanges = Callable[[int], dict[str, dict[bytes, Entry]] | None]
 
 
 @dataclass
@@ -16,17 +20,24 @@ class CatchUpReport:
     commits_read: int = 0
     promoted: int = 0
     invalidated: set[str] = field(default_factory=set)
+    applied: int = 0  # entries taken from the change data feed
     rebuilt: str | None = None  # why the replica was emptied, if it was
 
 
 def catch_up(
-    replica: ShardReplica, target: int, read_commit: ReadCommit, writer_id: str, shard: int
+    replica: ShardReplica,
+    target: int,
+    read_commit: ReadCommit,
+    writer_id: str,
+    shard: int,
+    read_changes: ReadChanges | None = None,
 ) -> CatchUpReport:
     """Apply commits (replica version, target] to the replica.
 
     The commit carrying this replica's staged batch promotes it; a sink commit whose
     batch had no records in this shard changes nothing here; any other commit drops
-    the partitions it touched (they reload on demand). A missing log entry, or a
+    the partitions it touched (they reload on demand) or, when `read_changes` gives the
+    commit's row-level changes (change data feed), applies them instead. A missing log entry, or a
     replica ahead of the target, empties the replica. Whatever is still staged at
     the end belongs to a batch that did not land and is discarded.
     """
@@ -56,10 +67,15 @@ def catch_up(
             report.rebuilt = f"commit {version} changed the table's metadata or lacks partition values"
             replica.drop_all()
             continue
-        for pid in commit.partitions:
-            if replica.has_partition(pid):
+        held = [pid for pid in commit.partitions if replica.has_partition(pid)]
+        changes = read_changes(version) if held and read_changes else None
+        for pid in held:
+            if changes is None:
                 replica.drop_partition(pid)
                 report.invalidated.add(pid)
+            elif changes.get(pid):
+                replica.put_entries(pid, changes[pid])
+                report.applied += len(changes[pid])
     replica.discard_staged()
     replica.set_version(target)
     return report

@@ -1,4 +1,4 @@
-"""Reading one partition's index entries (this shard's keys only) from the Delta tables."""
+"""Reading index entries (one shard's keys only) from the Delta tables."""
 
 from __future__ import annotations
 
@@ -11,6 +11,11 @@ from deltalake import DeltaTable
 from sink import keys
 from sink.index.entry import Entry
 from sink.lakehouse.predicates import partition_predicate
+
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+# Change types that leave a row in the table, and the one that removes it.
+_UPSERTS = ("insert", "update_postimage")
+_DELETE = "delete"
 
 
 def read_partition(
@@ -26,10 +31,13 @@ def read_partition(
     overlaid with tombstones newer than the row (or of keys the table lacks)."""
     types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
     predicate = partition_predicate(keys.partition_values(pid), types)
-    entries = _read_entries(table, predicate, key_cols, ordering, shard, num_shards)
-    result = {k: Entry(o, False) for k, o in entries}
+    columns = [*key_cols, ordering]
+    rows = _shard_rows(pa.table(table.scan(columns=columns, predicate=predicate)), key_cols, shard, num_shards)
+    result = {k: Entry(o, False) for k, o in _pairs(rows, ordering)}
     if tombstones is not None:
-        for k, o in _read_entries(tombstones, predicate, key_cols, ordering, shard, num_shards):
+        deleted = _shard_rows(pa.table(tombstones.scan(columns=columns, predicate=predicate)),
+                              key_cols, shard, num_shards)
+        for k, o in _pairs(deleted, ordering):
             current = result.get(k)
             # Equal ordering: the row stands (a delete that won a tie would have removed it).
             if current is None or o > current.ordering:
@@ -37,21 +45,64 @@ def read_partition(
     return list(result.keys()), list(result.values())
 
 
-def _read_entries(dt, predicate, key_cols, ordering, shard, num_shards) -> list[tuple[bytes, int]]:
-    columns = [*key_cols, ordering]
-    data = pa.table(dt.scan(columns=columns, predicate=predicate))
+def has_change_data_feed(table: DeltaTable) -> bool:
+    return table.metadata().configuration.get(CDF_PROPERTY, "false").lower() == "true"
+
+
+def read_changes(
+    table: DeltaTable,
+    version: int,
+    key_cols: Sequence[str],
+    partition_cols: Sequence[str],
+    ordering: str,
+    shard: int,
+    num_shards: int,
+) -> dict[str, dict[bytes, Entry]] | None:
+    """Row-level changes of commit `version` for this shard, from the change data feed;
+    None when they cannot be read (then the caller invalidates instead)."""
+    columns = [*key_cols, *partition_cols, ordering, "_change_type"]
+    try:
+        data = pa.table(table.load_cdf(starting_version=version, ending_version=version, columns=columns))
+    except Exception:  # CDF files cleaned up, or CDF was off at that version
+        return None
+    data = _shard_rows(data, key_cols, shard, num_shards, extra=[*partition_cols, "_change_type"])
+    if data is None:
+        return {}
+    pids = keys.partition_ids(data, partition_cols).to_pylist()
+    out: dict[str, dict[bytes, Entry]] = {}
+    for pid, (key, o), change in zip(pids, _pairs(data, ordering), data.column("_change_type").to_pylist()):
+        if change in _UPSERTS:
+            out.setdefault(pid, {})[key] = Entry(o, False)
+        elif change == _DELETE:
+            out.setdefault(pid, {})[key] = Entry(o, True)
+    return out
+
+
+def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=()) -> pa.Table | None:
+    """This shard's rows with their encoded key in column KEY (None when there are none)."""
     if data.num_rows == 0:
-        return []
-    data = pa.table({c: _plain(data.column(c)) for c in columns})
+        return None
+    names = list(dict.fromkeys([*key_cols, *extra, *[c for c in data.column_names if c not in key_cols]]))
+    data = pa.table({c: _plain(data.column(c)) for c in names})
     encoded = keys.encode_keys(data, key_cols)
     in_shard = pc.equal(keys.shards_of(encoded, num_shards), shard)
-    encoded = encoded.filter(in_shard)
-    orderings = keys.ordering_values(data.column(ordering).combine_chunks().filter(in_shard))
-    return [(k.encode(), o) for k, o in zip(encoded.to_pylist(), orderings.to_pylist())]
+    return data.filter(in_shard).append_column(_KEY, encoded.filter(in_shard))
+
+
+_KEY = "__key"
+
+
+def _pairs(data: pa.Table | None, ordering: str) -> list[tuple[bytes, int]]:
+    if data is None or data.num_rows == 0:
+        return []
+    orderings = keys.ordering_values(data.column(ordering)).to_pylist()
+    return [(k.encode(), o) for k, o in zip(data.column(_KEY).to_pylist(), orderings)]
 
 
 def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """delta-rs scans give string_view; the key functions expect plain strings."""
+    """delta-rs scans give string_view and dictionary columns; key functions take plain ones."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
     if pa.types.is_string_view(col.type) or pa.types.is_large_string(col.type):
         return col.cast(pa.string())
     return col

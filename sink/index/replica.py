@@ -208,6 +208,20 @@ class ShardReplica:
         if self._db.get(_META_STAGED_BATCH) is not None:
             del self._db[_META_STAGED_BATCH]
 
+    def partition_sizes(self) -> dict[str, tuple[int, int]]:
+        """Per held partition: (entries, bytes on disk and in memory), RocksDB's estimates."""
+        out = {}
+        for pid in self.partitions():
+            cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
+            try:
+                entries = cf.property_int_value("rocksdb.estimate-num-keys") or 0
+                size = (cf.property_int_value("rocksdb.total-sst-files-size") or 0) + (
+                    cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0)
+            finally:
+                del cf
+            out[pid] = (entries, size)
+        return out
+
     def touch(self, pids: Iterable[str], now: float | None = None) -> None:
         now = time.time() if now is None else now
         for pid in pids:
@@ -268,18 +282,19 @@ class ShardReplica:
         (they load from the table, which already has the commit). Returns entries promoted."""
         promoted = 0
         for pid, entries in self.staged().items():
-            if not self.has_partition(pid):
-                continue
-            batch = WriteBatch(raw_mode=True)
-            batch.set_default_column_family(
-                self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid)
-            )
-            for key, entry in entries.items():
-                batch.put(key, entry.pack())
-            self._db.write(batch)
-            promoted += len(entries)
+            if self.has_partition(pid):
+                self.put_entries(pid, entries)
+                promoted += len(entries)
         self.discard_staged()
         return promoted
+
+    def put_entries(self, pid: str, entries: Mapping[bytes, Entry]) -> None:
+        """Write committed entries into a held partition."""
+        batch = WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid))
+        for key, entry in entries.items():
+            batch.put(key, entry.pack())
+        self._db.write(batch)
 
     def discard_staged(self) -> None:
         if STAGED_CF in self._cf_names():

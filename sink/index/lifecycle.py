@@ -1,0 +1,140 @@
+"""Filling and trimming a shard replica: bootstrap of the hot window, on-demand loads,
+eviction by TTL and by disk budget."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from sink.errors import PartitionLoadError
+from sink.index import tiering
+from sink.index.loader import read_partition
+from sink.index.replica import ShardReplica
+
+log = logging.getLogger("sink.index")
+
+LOAD_THREADS = 4
+LOAD_ATTEMPTS = 3
+
+Progress = Callable[[int, int, int], None]  # partitions done, partitions total, keys done
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """Where one shard's entries come from."""
+
+    table: DeltaTable  # at the version the replica reflects
+    tombstones: DeltaTable | None
+    key_cols: tuple[str, ...]
+    ordering: str
+    shard: int
+    num_shards: int
+
+
+@dataclass
+class LoadReport:
+    partitions: int = 0
+    keys: int = 0
+    seconds: float = 0.0
+    loaded: list[str] = field(default_factory=list)
+
+
+def load_partitions(
+    replica: ShardReplica, source: ShardSource, pids: Sequence[str], reason: str,
+    now: float | None = None, progress: Progress | None = None,
+) -> LoadReport:
+    """Load every partition in `pids`, concurrently on a bounded pool; each becomes visible
+    only once complete. A partition failing LOAD_ATTEMPTS times fails the call, naming it."""
+    report = LoadReport()
+    if not pids:
+        return report
+    started = time.perf_counter()
+
+    def load(pid: str) -> int:
+        error: Exception | None = None
+        for _ in range(LOAD_ATTEMPTS):
+            try:
+                keys, entries = read_partition(
+                    source.table, source.tombstones, pid, source.key_cols, source.ordering,
+                    source.shard, source.num_shards,
+                )
+                replica.load_partition(pid, keys, entries, reason=reason, now=now)
+                return len(keys)
+            except Exception as e:  # retried, then reported with the partition's name
+                error = e
+        raise PartitionLoadError(
+            f"loading partition {pid} of {source.table.table_uri} at version {source.table.version()} "
+            f"into shard {source.shard} failed {LOAD_ATTEMPTS} times: {error}"
+        ) from error
+
+    with ThreadPoolExecutor(max_workers=min(LOAD_THREADS, len(pids))) as pool:
+        for pid, n in zip(pids, pool.map(load, pids)):
+            report.partitions += 1
+            report.keys += n
+            report.loaded.append(pid)
+            if progress:
+                progress(report.partitions, len(pids), report.keys)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def bootstrap(
+    replica: ShardReplica,
+    source: ShardSource,
+    partition_cols: Sequence[str],
+    rule_config: tuple[str | list[str] | None, str],
+    tiering_column: str | None,
+    days: int,
+    now: float,
+    progress: Progress | None = None,
+) -> LoadReport:
+    """Load the partitions of the hot window (the last `days` by partition date or by the
+    tiering column's max value) into an empty replica."""
+    types = {f.name: f.type for f in pa.schema(source.table.schema().to_arrow()) if f.name in partition_cols}
+    rule = tiering.resolve_date_rule(rule_config[0], rule_config[1], types)
+    actions = pa.table(source.table.get_add_actions(flatten=True))
+    stats = tiering.partition_stats(actions, partition_cols, tiering_column)
+    hot = tiering.hot_partitions(stats, rule, dt.datetime.fromtimestamp(now, dt.timezone.utc), days)
+    rows = sum(stats[p][1] for p in hot)
+    log.info("shard %s bootstrap: %s of %s partitions in the last %s days (%s rows to scan)",
+             source.shard, len(hot), len(stats), days, rows)
+    started = time.perf_counter()
+
+    def logged(done: int, total: int, keys: int) -> None:
+        rate = keys / max(time.perf_counter() - started, 1e-9)
+        log.info("shard %s bootstrap: partitions %s/%s, keys %s, %.0f keys/s", source.shard, done, total, keys, rate)
+        if progress:
+            progress(done, total, keys)
+
+    return load_partitions(replica, source, hot, "bootstrap", now=now, progress=logged)
+
+
+def evict(
+    replica: ShardReplica, now: float, ttl_hours: int, max_bytes: int | None, keep: set[str]
+) -> list[str]:
+    """Drop partitions not accessed for `ttl_hours`, then least recently used ones while the
+    replica is over `max_bytes`. Never a partition in `keep` (the running task needs it)."""
+    infos = replica.partitions()
+    cutoff = now - ttl_hours * 3600
+    evicted = [pid for pid, info in infos.items() if pid not in keep and info.last_access < cutoff]
+    for pid in evicted:
+        replica.drop_partition(pid)
+    if max_bytes is not None:
+        sizes = replica.partition_sizes()
+        total = sum(size for _, size in sizes.values())
+        for pid in sorted(sizes, key=lambda p: infos[p].last_access):
+            if total <= max_bytes:
+                break
+            if pid in keep:
+                continue
+            replica.drop_partition(pid)
+            total -= sizes[pid][1]
+            evicted.append(pid)
+    return evicted
