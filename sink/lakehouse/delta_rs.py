@@ -95,7 +95,8 @@ class DeltaTarget:
         partitions = _distinct_partitions(changing, self.partition_by)
         self._merge(table_rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties)
         self.refresh()
-        if (self.transaction_version(app_id) or -1) < batch_id:
+        recorded = self.transaction_version(app_id)
+        if recorded is None or recorded < batch_id:
             # The MERGE changed nothing (delta-rs then writes no version): record the batch anyway.
             write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
             self.refresh()

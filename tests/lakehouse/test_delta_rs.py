@@ -113,3 +113,12 @@ def test_a_foreign_write_is_seen_with_its_partitions(target):
     summary = read_commit(target.uri, DeltaTable(target.uri).version(), ["dt"])
     assert summary.app_versions == {} and summary.partitions == frozenset({"dt=d7"})
     assert json.dumps(summary.commit_info)  # plain JSON, as read from the log
+
+
+def test_batch_zero_merge_is_one_commit(target):
+    write_deltalake(target.uri, pa.table({"id": ["a"], "dt": ["d1"], "ts": [1], "v": ["x"]}).cast(SCHEMA),
+                    mode="append")
+    target.refresh()
+    before = target.version()
+    out = commit(target, rows(("a", "d1", 2, "y", "update")), 0)
+    assert out.mode == "merge" and out.version == before + 1

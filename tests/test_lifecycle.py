@@ -1,0 +1,127 @@
+"""The replica lifecycle through the sink: bootstrap, warm restarts, foreign commits."""
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from sink import SinkConfig, UpsertSink
+from sink.executor import default_index_root
+
+pytestmark = pytest.mark.spark
+
+NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.timezone.utc)
+SCHEMA = "id string, dt string, event_time timestamp, op string, v string"
+ARROW = pa.schema([("id", pa.string()), ("dt", pa.string()), ("event_time", pa.timestamp("us", tz="UTC")),
+                   ("op", pa.string()), ("v", pa.string())])
+
+
+def day(d):
+    return (NOW.date() - dt.timedelta(days=d)).isoformat()
+
+
+def at(d, minutes=0):
+    return NOW - dt.timedelta(days=d) + dt.timedelta(minutes=minutes)
+
+
+def seed_table(uri, days=60, per_day=20, cdf=False):
+    rows = [(f"k{d}-{k}", day(d), at(d), "u", "seed") for d in range(days) for k in range(per_day)]
+    write_deltalake(uri, pa.Table.from_pylist([dict(zip(ARROW.names, r)) for r in rows], schema=ARROW),
+                    partition_by=["dt"],
+                    configuration={"delta.enableChangeDataFeed": "true"} if cdf else None)
+
+
+def rows_of(uri):
+    return {(r["dt"], r["id"]): (r["event_time"], r["v"]) for r in DeltaTable(uri).to_pyarrow_table().to_pylist()}
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], partition_by=["dt"], ordering="event_time",
+                      delete_when="op = 'd'", writer_id="lifecycle", index_dir=str(tmp_path / "index"),
+                      num_shards=1, metrics_port=0, bootstrap_days=7)
+
+
+def sink_for(cfg):
+    return UpsertSink(cfg, clock=lambda: NOW.timestamp())
+
+
+def batch(spark, *rows):
+    return spark.createDataFrame(list(rows), SCHEMA)
+
+
+def test_fresh_start_bootstraps_the_hot_window_and_loads_an_old_partition_on_demand(spark, cfg):
+    seed_table(cfg.table_uri)
+    sink = sink_for(cfg)
+    sink(batch(spark, ("k40-1", day(40), at(40, 5), "u", "late update"), ("new", day(40), at(40), "u", "n")), 0)
+    report = sink.reports[-1]
+    assert report.partition_loads == {"bootstrap": 7, "on_demand": 1}
+    assert report.ops["update"] == 1 and report.ops["insert"] == 1
+    assert report.hits == 1 and report.misses == 1
+    table = rows_of(cfg.table_uri)
+    assert table[(day(40), "k40-1")] == (at(40, 5), "late update")
+    assert len(table) == 60 * 20 + 1
+
+    # A restart on the unchanged table: the replica is warm, nothing loads; one log entry
+    # (the batch's own commit) is read.
+    restarted = sink_for(cfg)
+    restarted(batch(spark, ("k40-2", day(40), at(40, 5), "u", "x"), ("k0-1", day(0), at(0, 5), "u", "y")), 1)
+    report = restarted.reports[-1]
+    assert report.partition_loads == {"bootstrap": 0, "on_demand": 0}
+    assert report.commits_read == 1 and report.hits == 2
+
+
+def foreign_update(uri, keys_by_day, minutes, value):
+    """Another deltalake writer updates these keys (newer event time)."""
+    rows = [dict(zip(ARROW.names, (k, day(d), at(d, minutes), "u", value))) for d, k in keys_by_day]
+    (DeltaTable(uri).merge(pa.Table.from_pylist(rows, schema=ARROW),
+                           "t.id = s.id AND t.dt = s.dt", source_alias="s", target_alias="t")
+     .when_matched_update_all().execute())
+
+
+@pytest.mark.parametrize("cdf", [False, True])
+def test_a_foreign_commit_is_caught_up_exactly(spark, cfg, cdf):
+    seed_table(cfg.table_uri, days=10, cdf=cdf)
+    sink = sink_for(cfg)
+    sink(batch(spark, ("k1-0", day(1), at(1, 1), "u", "ours")), 0)
+    assert sink.reports[-1].partition_loads["bootstrap"] == 7
+    foreign_update(cfg.table_uri, [(2, "k2-0"), (3, "k3-0")], 30, "foreign")
+    # Updates older than the foreign ones must be stale; newer ones win.
+    sink(batch(spark, ("k2-0", day(2), at(2, 10), "u", "older"), ("k3-0", day(3), at(3, 40), "u", "newer"),
+               ("k1-0", day(1), at(1, 2), "u", "ours again")), 1)
+    report = sink.reports[-1]
+    assert report.commits_read == 2  # our batch 0, then the foreign merge
+    if cdf:
+        # The change feed is applied row by row: nothing is dropped or reloaded.
+        assert (report.invalidated, report.partition_loads["on_demand"]) == (0, 0)
+    else:
+        # Exactly the two partitions the foreign merge touched are dropped and reload.
+        assert (report.invalidated, report.partition_loads["on_demand"]) == (2, 2)
+    assert report.ops == {"insert": 0, "update": 2, "delete": 0, "stale": 1, "quarantined": 0}
+    table = rows_of(cfg.table_uri)
+    assert table[(day(2), "k2-0")] == (at(2, 30), "foreign")
+    assert table[(day(3), "k3-0")] == (at(3, 40), "newer")
+    assert table[(day(1), "k1-0")] == (at(1, 2), "ours again")
+
+
+def test_partitions_idle_past_the_ttl_are_evicted(spark, cfg):
+    seed_table(cfg.table_uri, days=10)
+    cfg.partition_ttl_hours = 24
+    clock = [NOW.timestamp()]
+    sink = UpsertSink(cfg, clock=lambda: clock[0])
+    sink(batch(spark, ("k0-0", day(0), at(0, 1), "u", "a")), 0)
+    assert sink.reports[-1].partitions_held == 7
+    clock[0] += 25 * 3600  # a day later, only one partition is written to
+    sink(batch(spark, ("k0-0", day(0), at(0, 2), "u", "b")), 1)
+    assert sink.reports[-1].evicted == 6
+    assert sink.reports[-1].partitions_held == 1
+
+
+def test_default_index_dir_is_under_spark_local_dir(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", "/disk1/spark,/disk2/spark")
+    assert default_index_root("/ignored") == "/disk1/spark/upsert-sink-index"
+    monkeypatch.delenv("SPARK_LOCAL_DIRS")
+    assert default_index_root("/data/local") == "/data/local/upsert-sink-index"
+    assert default_index_root(None).endswith("/upsert-sink-index")
+    assert default_index_root(None) != "/tmp"
