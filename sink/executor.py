@@ -26,7 +26,7 @@ from sink import keys
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import has_change_data_feed, read_changes
-from sink.index.replica import ShardReplica, replica_path
+from sink.index.replica import ShardReplica, replica_path, replica_spec
 from sink.lakehouse.log import read_commit
 from sink.tagging import tag
 
@@ -62,10 +62,7 @@ class TaskContext:
 
     @property
     def spec(self) -> str:
-        """What the replica's entries mean; a replica of another spec is rebuilt."""
-        return json.dumps(
-            {"key": self.key_cols, "partition_by": self.partition_cols, "ordering": self.ordering}
-        )
+        return replica_spec(self.key_cols, self.partition_cols, self.ordering)
 
     def index_root(self) -> str:
         return self.index_dir or default_index_root(self.driver_local_dir)

@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import NamedTuple
+
+from deltalake import DeltaTable
+
+from sink.cli import Context, verify
 
 
 class Event(NamedTuple):
@@ -47,3 +52,11 @@ def random_batches(seed: int, batches: int, per_batch: int, keys: int = 150, day
             events.append(Event(ident, f"2025-01-0{1 + k % days}", rng.randrange(0, 60), op, f"b{b}-{j}"))
         out.append(events)
     return out
+
+
+def verify_replicas(cfg) -> list[dict]:
+    """`python -m sink verify` on the sink's replicas: asserts no mismatch, returns the results."""
+    results = verify(Context(cfg, DeltaTable(cfg.table_uri), Path(cfg.index_dir)))
+    assert results, "no replica found"
+    assert [r["examples"] for r in results if r["mismatches"]] == []
+    return results

@@ -5,7 +5,7 @@ from deltalake import DeltaTable
 from prometheus_client import REGISTRY
 
 from sink import SchemaError, SinkConfig, UpsertSink, WriterIdReusedError
-from tests.oracle import SCHEMA, Event, expected_rows, random_batches
+from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
 
@@ -53,6 +53,7 @@ def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_repl
             assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1])
     modes = {r.mode for r in sink.reports}
     assert "merge" in modes
+    assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
 
 
 def test_replay_after_a_lost_checkpoint_commit_is_skipped_by_a_new_sink(spark, tmp_path):

@@ -8,6 +8,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from sink import SinkConfig, UpsertSink
 from sink.executor import default_index_root
+from tests.oracle import verify_replicas
 
 pytestmark = pytest.mark.spark
 
@@ -70,6 +71,7 @@ def test_fresh_start_bootstraps_the_hot_window_and_loads_an_old_partition_on_dem
     report = restarted.reports[-1]
     assert report.partition_loads == {"bootstrap": 0, "on_demand": 0}
     assert report.commits_read == 1 and report.hits == 2
+    verify_replicas(cfg)
 
 
 def foreign_update(uri, keys_by_day, minutes, value):
@@ -103,6 +105,7 @@ def test_a_foreign_commit_is_caught_up_exactly(spark, cfg, cdf):
     assert table[(day(2), "k2-0")] == (at(2, 30), "foreign")
     assert table[(day(3), "k3-0")] == (at(3, 40), "newer")
     assert table[(day(1), "k1-0")] == (at(1, 2), "ours again")
+    verify_replicas(cfg)
 
 
 def test_partitions_idle_past_the_ttl_are_evicted(spark, cfg):

@@ -21,7 +21,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Options,
+    Rdict,
+    SstFileWriter,
+    WriteBatch,
+    WriteOptions,
+)
 
 from sink.errors import ReplicaLockedError
 from sink.index.entry import Entry
@@ -38,6 +46,11 @@ _META_DIRTY = b"dirty"
 _META_PART = b"part:"
 # Above this many entries a partition load goes through an SST file and ingest.
 _SST_THRESHOLD = 20_000
+
+
+def replica_spec(key_cols, partition_cols, ordering: str) -> str:
+    """What a replica's entries mean; a replica of another spec is rebuilt."""
+    return json.dumps({"key": list(key_cols), "partition_by": list(partition_cols), "ordering": ordering})
 
 
 def replica_path(index_root: str | os.PathLike[str], table_id: str, shard: int, num_shards: int) -> Path:
@@ -65,13 +78,30 @@ class PartitionInfo:
 class ShardReplica:
     """An open shard replica. Use `ShardReplica.open(...)` as a context manager."""
 
-    def __init__(self, path: Path, db: Rdict):
+    def __init__(self, path: Path, db: Rdict, read_only: bool = False):
         self.path = path
         self._db = db
         self._lock = threading.Lock()
-        write_opts = WriteOptions()
-        write_opts.disable_wal = True
-        self._db.set_write_options(write_opts)
+        self.read_only = read_only
+        if not read_only:
+            write_opts = WriteOptions()
+            write_opts.disable_wal = True
+            self._db.set_write_options(write_opts)
+
+    @classmethod
+    def open_read_only(cls, path: str | os.PathLike[str]) -> ShardReplica:
+        """A read-only view, usable beside the process that holds the replica open."""
+        return cls(Path(path), Rdict(str(path), _options(), access_type=AccessType.read_only()), read_only=True)
+
+    @property
+    def spec(self) -> str | None:
+        raw = self._db.get(_META_SPEC)
+        return None if raw is None else raw.decode()
+
+    @property
+    def clean(self) -> bool:
+        """False while a process has it open, or after one died with it open."""
+        return self._db.get(_META_DIRTY) != b"1"
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -107,6 +137,9 @@ class ShardReplica:
 
     def close(self) -> None:
         """Flush every column family, then mark the replica clean."""
+        if self.read_only:
+            self._close_db()
+            return
         for name in Rdict.list_cf(str(self.path), _options()):
             if name != "default":
                 cf = self._db.get_column_family(name)
@@ -231,6 +264,15 @@ class ShardReplica:
                 rec = json.loads(raw)
                 rec["last_access"] = now
                 self._db[meta_key] = json.dumps(rec).encode()
+
+    def entries(self, pid: str):
+        """Every committed (key, entry) of a held partition, in key order."""
+        cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
+        try:
+            for key, raw in cf.items():
+                yield key, Entry.unpack(raw)
+        finally:
+            del cf
 
     def _cf_names(self) -> list[str]:
         return Rdict.list_cf(str(self.path), _options())

@@ -1,0 +1,5 @@
+import sys
+
+from sink.cli import main
+
+sys.exit(main())

@@ -1,0 +1,231 @@
+"""`python -m sink inspect | bootstrap | verify --config conf/sink.toml`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from sink.config import SinkConfig
+from sink.errors import SinkError
+from sink.executor import default_index_root
+from sink.index.catchup import catch_up
+from sink.index.lifecycle import ShardSource, bootstrap
+from sink.index.loader import read_partition
+from sink.index.replica import ShardReplica, replica_path, replica_spec
+from sink.lakehouse.log import read_commit
+
+_SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Context:
+    cfg: SinkConfig
+    table: DeltaTable
+    index_root: Path
+
+    @property
+    def table_dir(self) -> Path:
+        return self.index_root / self.table.metadata().id
+
+    def replicas(self) -> list[tuple[int, int, Path]]:
+        """(shard, shard count, path) of every replica of this table on this machine."""
+        found = []
+        if self.table_dir.is_dir():
+            for child in self.table_dir.iterdir():
+                m = _SHARD_DIR.match(child.name)
+                if m:
+                    found.append((int(m[1]), int(m[2]), child))
+        return sorted(found, key=lambda r: (r[1], r[0]))
+
+
+def _context(args) -> Context:
+    cfg = SinkConfig.from_file(args.config)
+    if not DeltaTable.is_deltatable(cfg.table_uri):
+        raise SinkError(f"no Delta table at {cfg.table_uri} (table_uri in {args.config})")
+    root = Path(args.index_dir or cfg.index_dir or default_index_root())
+    return Context(cfg, DeltaTable(cfg.table_uri), root)
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- inspect ----------------------------------------------------------------------------------
+
+
+def inspect(ctx: Context) -> dict:
+    shards = []
+    for shard, of, path in ctx.replicas():
+        with ShardReplica.open_read_only(path) as replica:
+            sizes = replica.partition_sizes()
+            partitions = [
+                {"partition": pid, "entries": sizes[pid][0], "bytes": sizes[pid][1], "reason": info.reason,
+                 "loaded_at": _iso(info.loaded_at), "last_access": _iso(info.last_access)}
+                for pid, info in sorted(replica.partitions().items())
+            ]
+            shards.append({"shard": shard, "of": of, "path": str(path), "version": replica.version,
+                           "staged_batch": replica.staged_batch, "clean": replica.clean,
+                           "partitions": partitions})
+    return {"table_uri": ctx.cfg.table_uri, "table_id": ctx.table.metadata().id,
+            "table_version": ctx.table.version(), "index_dir": str(ctx.index_root), "shards": shards}
+
+
+def print_inspect(report: dict) -> None:
+    print(f"table {report['table_uri']} (id {report['table_id']}) at version {report['table_version']}")
+    print(f"index {report['index_dir']}")
+    if not report["shards"]:
+        print("no replicas on this machine")
+    for s in report["shards"]:
+        entries = sum(p["entries"] for p in s["partitions"])
+        size = sum(p["bytes"] for p in s["partitions"])
+        print(f"\nshard {s['shard']} of {s['of']}: version {s['version']}, {len(s['partitions'])} partitions, "
+              f"{entries} entries, {size / 1e6:.1f} MB"
+              + (f", staged batch {s['staged_batch']}" if s["staged_batch"] is not None else "")
+              + ("" if s["clean"] else ", open or left dirty"))
+        if s["partitions"]:
+            print(f"  {'partition':<32} {'entries':>10} {'bytes':>12}  {'reason':<10} last access")
+            for p in s["partitions"]:
+                print(f"  {p['partition']:<32} {p['entries']:>10} {p['bytes']:>12}  {p['reason']:<10} "
+                      f"{p['last_access']}")
+
+
+# --- bootstrap --------------------------------------------------------------------------------
+
+
+def _bar(shard: int):
+    started = time.perf_counter()
+
+    def show(done: int, total: int, keys: int) -> None:
+        width = 30
+        filled = int(width * done / total) if total else width
+        rate = keys / max(time.perf_counter() - started, 1e-9)
+        sys.stderr.write(f"\rshard {shard} [{'#' * filled}{'.' * (width - filled)}] "
+                         f"{done}/{total} partitions, {keys} keys, {rate:,.0f} keys/s")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+    return show
+
+
+def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
+    cfg = ctx.cfg
+    version = ctx.table.version()
+    tombstone_uri = cfg.resolved_tombstone_uri
+    tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
+    spec = replica_spec(cfg.key, cfg.partition_by, cfg.ordering)
+    results = []
+    for shard in range(num_shards):
+        path = replica_path(ctx.index_root, ctx.table.metadata().id, shard, num_shards)
+        with ShardReplica.open(path, spec) as replica:
+            report = catch_up(replica, version, lambda v: read_commit(cfg.table_uri, v, cfg.partition_by),
+                              cfg.resolved_writer_id, shard)
+            if report.rebuilt is None:
+                print(f"shard {shard}: warm at version {version}, {len(replica.partitions())} partitions held",
+                      file=sys.stderr)
+                results.append({"shard": shard, "loaded": 0, "keys": 0, "seconds": 0.0})
+                continue
+            source = ShardSource(DeltaTable(cfg.table_uri, version=version), tombstones, tuple(cfg.key),
+                                 cfg.ordering, shard, num_shards)
+            loaded = bootstrap(replica, source, cfg.partition_by, (cfg.partition_date, cfg.partition_date_format),
+                               cfg.tiering_column, cfg.bootstrap_days, now, progress=_bar(shard))
+            results.append({"shard": shard, "loaded": loaded.partitions, "keys": loaded.keys,
+                            "seconds": round(loaded.seconds, 3)})
+    return results
+
+
+# --- verify -----------------------------------------------------------------------------------
+
+
+def verify(ctx: Context) -> list[dict]:
+    """Every replica against the table at the replica's version: one result per shard."""
+    cfg = ctx.cfg
+    results = []
+    for shard, of, path in ctx.replicas():
+        with ShardReplica.open_read_only(path) as replica:
+            version = replica.version
+            problems: list[str] = []
+            checked = 0
+            if version is not None:
+                table = DeltaTable(cfg.table_uri, version=version)
+                for pid in sorted(replica.partitions()):
+                    keys, entries = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
+                    live = dict(zip(keys, (e.ordering for e in entries)))
+                    held = dict(replica.entries(pid))
+                    checked += len(held)
+                    problems += _compare(pid, live, held)
+            results.append({"shard": shard, "of": of, "version": version, "entries_checked": checked,
+                            "mismatches": len(problems), "examples": problems[:10]})
+    return results
+
+
+def _compare(pid: str, live: dict[bytes, int], held: dict) -> list[str]:
+    out = []
+    for key, ordering in live.items():
+        entry = held.get(key)
+        if entry is None:
+            out.append(f"{pid}: key {key!r} is in the table, not in the replica")
+        elif entry.deleted:
+            out.append(f"{pid}: key {key!r} is in the table, deleted in the replica")
+        elif entry.ordering != ordering:
+            out.append(f"{pid}: key {key!r} ordering {entry.ordering} in the replica, {ordering} in the table")
+    for key, entry in held.items():
+        if not entry.deleted and key not in live:
+            out.append(f"{pid}: key {key!r} is in the replica, not in the table")
+    return out
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sink", description="Inspect, pre-warm and verify index replicas.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in [("inspect", "what each shard replica holds"),
+                       ("bootstrap", "pre-warm replicas with the hot window"),
+                       ("verify", "compare replicas with the table; exit 1 on a mismatch")]:
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", required=True, help="TOML file with a [sink] table")
+        p.add_argument("--index-dir", help="replicas' root (default: the config's, else Spark's local dir)")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        if name == "bootstrap":
+            p.add_argument("--num-shards", type=int, help="default: the config's num_shards, else the CPU count")
+    args = parser.parse_args(argv)
+    try:
+        ctx = _context(args)
+    except SinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "inspect":
+        report = inspect(ctx)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_inspect(report)
+        return 0
+    if args.command == "bootstrap":
+        shards = args.num_shards or ctx.cfg.num_shards or os.cpu_count() or 1
+        results = prewarm(ctx, shards, time.time())
+        if args.json:
+            print(json.dumps(results, indent=2))
+        return 0
+    results = verify(ctx)
+    bad = sum(r["mismatches"] for r in results)
+    if args.json:
+        print(json.dumps({"ok": bad == 0, "shards": results}, indent=2))
+    else:
+        for r in results:
+            print(f"shard {r['shard']} of {r['of']} at version {r['version']}: {r['entries_checked']} entries, "
+                  f"{r['mismatches']} mismatches")
+            for example in r["examples"]:
+                print(f"  {example}")
+        print("OK: every replica matches the table" if bad == 0 else f"MISMATCH: {bad} entries differ")
+    return 1 if bad else 0
