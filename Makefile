@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint check-java clean-data
+.PHONY: run test lint check-java test-tools clean-data
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
@@ -29,8 +29,17 @@ check-java:
 run: $(STAMP)
 	$(PY) -m jobs.demo
 
-test: $(STAMP)
+test: $(STAMP) test-tools
 	$(PY) -m pytest -q
+
+# The real Prometheus scrape test needs Debian's prometheus package (promtool too).
+test-tools:
+	@command -v prometheus >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's prometheus package for the scrape test"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
+			|| echo "warning: prometheus could not be installed; the scrape test will be skipped"; \
+		else echo "note: prometheus is not installed (apt-get install prometheus); the scrape test will be skipped"; fi; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sink jobs tests

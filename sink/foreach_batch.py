@@ -114,7 +114,7 @@ class UpsertSink:
             finally:
                 prepared.unpersist()
         report.total_seconds = time.perf_counter() - started
-        self._publish(report)
+        metrics.publish(self.writer_id, report)
         self.reports.append(report)
         log.info("upsert batch %s", report.summary())
 
@@ -249,32 +249,6 @@ class UpsertSink:
             prepared = prepare(batch_df, cfg, num_shards).filter(F.col(C.REASON).isNull())
         deletes = prepared.filter(F.col(C.DELETE)).select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow()
         append_once(cfg.resolved_tombstone_uri, deletes, cfg.partition_by, self.writer_id, batch_id)
-
-    def _publish(self, report: BatchReport) -> None:
-        sink = self.writer_id
-        for op, n in report.ops.items():
-            metrics.RECORDS.labels(sink, op).inc(n)
-        metrics.LOOKUPS.labels(sink, "hit").inc(report.hits)
-        metrics.LOOKUPS.labels(sink, "miss").inc(report.misses)
-        for reason, n in report.partition_loads.items():
-            metrics.PARTITION_LOADS.labels(sink, reason).inc(n)
-        if any(report.partition_loads.values()):
-            metrics.LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)
-        if report.mode != "skipped":
-            metrics.EVICTIONS.labels(sink).inc(report.evicted)
-            metrics.PARTITIONS_HELD.labels(sink).set(report.partitions_held)
-            metrics.CACHED_RECORDS.labels(sink).set(report.cached_records)
-            metrics.CACHED_BYTES.labels(sink).set(report.cached_bytes)
-        metrics.COMMIT_RETRIES.labels(sink).inc(report.retries)
-        if report.mode == "skipped":
-            metrics.BATCHES_SKIPPED.labels(sink).inc()
-        elif report.mode in ("append", "merge"):
-            metrics.COMMITS.labels(sink, report.mode).inc()
-        if report.table_version is not None:
-            metrics.TABLE_VERSION.labels(sink).set(report.table_version)
-        metrics.BATCH_SECONDS.labels(sink, "tag").observe(report.tag_seconds)
-        metrics.BATCH_SECONDS.labels(sink, "commit").observe(report.commit_seconds)
-        metrics.BATCH_SECONDS.labels(sink, "total").observe(report.total_seconds)
 
 
 def _value_counts(col) -> tuple[list[str], list[int]]:

@@ -61,3 +61,30 @@ def serve(port: int) -> None:
                 "choose a free port, or 0 to turn the endpoint off"
             ) from e
         _served_ports.add(port)
+
+
+def publish(sink: str, report) -> None:
+    """Publish one batch's report (a `sink.BatchReport`) under the `sink` label."""
+    for op, n in report.ops.items():
+        RECORDS.labels(sink, op).inc(n)
+    LOOKUPS.labels(sink, "hit").inc(report.hits)
+    LOOKUPS.labels(sink, "miss").inc(report.misses)
+    for reason, n in report.partition_loads.items():
+        PARTITION_LOADS.labels(sink, reason).inc(n)
+    if any(report.partition_loads.values()):
+        LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)
+    COMMIT_RETRIES.labels(sink).inc(report.retries)
+    if report.mode == "skipped":
+        BATCHES_SKIPPED.labels(sink).inc()
+    else:
+        EVICTIONS.labels(sink).inc(report.evicted)
+        PARTITIONS_HELD.labels(sink).set(report.partitions_held)
+        CACHED_RECORDS.labels(sink).set(report.cached_records)
+        CACHED_BYTES.labels(sink).set(report.cached_bytes)
+    if report.mode in ("append", "merge"):
+        COMMITS.labels(sink, report.mode).inc()
+    if report.table_version is not None:
+        TABLE_VERSION.labels(sink).set(report.table_version)
+    BATCH_SECONDS.labels(sink, "tag").observe(report.tag_seconds)
+    BATCH_SECONDS.labels(sink, "commit").observe(report.commit_seconds)
+    BATCH_SECONDS.labels(sink, "total").observe(report.total_seconds)

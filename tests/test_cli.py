@@ -22,8 +22,8 @@ def setup(tmp_path):
         "id": [r[0] for r in rows], "dt": [r[1] for r in rows],
         "ts": pa.array([r[2] for r in rows], pa.timestamp("us", tz="UTC"))}), partition_by=["dt"])
     conf = tmp_path / "sink.toml"
-    conf.write_text(f'[sink]\ntable_uri = "table"\nkey = ["id"]\npartition_by = ["dt"]\nordering = "ts"\n'
-                    f'writer_id = "w"\nindex_dir = "index"\nbootstrap_days = 3\nnum_shards = 2\n')
+    conf.write_text('[sink]\ntable_uri = "table"\nkey = ["id"]\npartition_by = ["dt"]\nordering = "ts"\n'
+                    'writer_id = "w"\nindex_dir = "index"\nbootstrap_days = 3\nnum_shards = 2\n')
     return conf, rows
 
 

@@ -1,0 +1,40 @@
+import socket
+import urllib.request
+
+from prometheus_client import REGISTRY
+
+from sink import BatchReport, metrics
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_sinks_share_one_endpoint_told_apart_by_label():
+    port = free_port()
+    metrics.serve(port)
+    metrics.serve(port)  # the second sink in the same driver: no second server, no error
+    a = BatchReport(0, ops={"insert": 3, "update": 0, "delete": 0, "stale": 0, "quarantined": 0}, mode="append",
+                    table_version=1, hits=0, misses=3)
+    b = BatchReport(0, ops={"insert": 0, "update": 2, "delete": 1, "stale": 4, "quarantined": 0}, mode="merge",
+                    table_version=9, hits=7, misses=0, partition_loads={"bootstrap": 5, "on_demand": 2})
+    metrics.publish("label-a", a)
+    metrics.publish("label-b", b)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    lines = set(text.splitlines())
+    assert 'upsert_sink_records_total{op="insert",sink="label-a"} 3.0' in lines
+    assert 'upsert_sink_records_total{op="stale",sink="label-b"} 4.0' in lines
+    assert 'upsert_sink_index_lookups_total{result="hit",sink="label-b"} 7.0' in lines
+    assert 'upsert_sink_index_partition_loads_total{reason="bootstrap",sink="label-b"} 5.0' in lines
+    assert 'upsert_sink_table_version{sink="label-a"} 1.0' in lines
+    assert 'upsert_sink_table_version{sink="label-b"} 9.0' in lines
+    assert 'upsert_sink_commits_total{mode="merge",sink="label-b"} 1.0' in lines
+
+
+def test_a_skipped_batch_counts_as_skipped_only():
+    metrics.publish("label-skip", BatchReport(3, mode="skipped", table_version=4))
+    assert REGISTRY.get_sample_value("upsert_sink_batches_skipped_total", {"sink": "label-skip"}) == 1
+    assert REGISTRY.get_sample_value("upsert_sink_records_total", {"sink": "label-skip", "op": "insert"}) == 0
+    assert REGISTRY.get_sample_value("upsert_sink_commits_total", {"sink": "label-skip", "mode": "merge"}) is None
