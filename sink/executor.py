@@ -31,6 +31,7 @@ from sink.lakehouse.log import read_commit
 from sink.tagging import tag
 
 INDEX_SUBDIR = "upsert-sink-index"
+QUARANTINED = "quarantined"
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class TaskContext:
     ordering: str
     num_shards: int
     incoming_wins_ties: bool
-    # The task's output: the stream's own columns, then OP, WRITE, HIT, STATS.
+    # The task's output: the stream's own columns, then REASON, DELETE, OP, WRITE, HIT, STATS.
     output_schema: pa.Schema
     now: float  # the driver's clock at batch start (TTLs, access times)
     index_dir: str | None = None  # configured; else under this executor's Spark local dir
@@ -84,16 +85,28 @@ def new_stats() -> dict:
 
 
 def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: tag this task's records, shard by shard, then report stats."""
+    """mapInArrow body: pass records to quarantine through, tag the others shard by shard,
+    then report stats."""
     batches = list(batches)
     records = pa.Table.from_batches(batches) if batches else None
     stats = new_stats()
     if records is not None and records.num_rows:
+        bad = pc.is_valid(records.column(C.REASON))
+        if pc.any(bad).as_py():
+            yield from _passed_through(records.filter(bad), ctx.output_schema).to_batches()
+            records = records.filter(pc.invert(bad))
         for shard in pc.unique(records.column(C.SHARD)).to_pylist():
             rows = records.filter(pc.equal(records.column(C.SHARD), shard))
             tagged = _tag_shard(ctx, int(shard), rows, stats)
             yield from tagged.cast(ctx.output_schema).to_batches()
     yield _stats_batch(ctx.output_schema, stats)
+
+
+def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
+    n = bad.num_rows
+    tags = {C.OP: pa.array([QUARANTINED] * n, pa.string()), C.WRITE: pa.nulls(n, pa.string()),
+            C.HIT: pa.nulls(n, pa.bool_()), C.STATS: pa.nulls(n, pa.string())}
+    return pa.table([tags[f.name] if f.name in tags else bad.column(f.name) for f in schema], schema=schema)
 
 
 def shard_source(ctx: TaskContext, shard: int) -> ShardSource:
@@ -152,9 +165,9 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         stats["cached_bytes"] += sum(b for _, b in sizes.values())
     stats["shard_ids"].append(shard)
     stats["tag_seconds"] += time.perf_counter() - started
-    user_columns = [n for n in rows.column_names if not n.startswith(C.PREFIX)]
+    kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [C.REASON, C.DELETE]
     return (
-        rows.select(user_columns).append_column(C.OP, pa.array(result.op, pa.string()))
+        rows.select(kept).append_column(C.OP, pa.array(result.op, pa.string()))
         .append_column(C.WRITE, pa.array(result.write, pa.string()))
         .append_column(C.HIT, pa.array(result.hit, pa.bool_()))
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))

@@ -19,7 +19,7 @@ from sink import columns as C
 from sink import metrics
 from sink.config import SinkConfig
 from sink.errors import CommitConflictError, PartitionLoadError, WriterIdReusedError
-from sink.executor import TaskContext, tag_batches
+from sink.executor import QUARANTINED, TaskContext, tag_batches
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import SHARDS_PROPERTY
 from sink.prepare import prepare, tagged_schema, validate_stream
@@ -54,6 +54,8 @@ class BatchReport:
     merge_partitions: int = 0
     retries: int = 0
     tag_seconds: float = 0.0
+    # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark).
+    shard_seconds: float = 0.0
     commit_seconds: float = 0.0
     total_seconds: float = 0.0
 
@@ -108,11 +110,7 @@ class UpsertSink:
             report.table_version = self._target.version()
         else:
             num_shards = cfg.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
-            prepared = prepare(batch_df, cfg, num_shards).persist()
-            try:
-                self._process(prepared, batch_df, batch_id, num_shards, report)
-            finally:
-                prepared.unpersist()
+            self._process(prepare(batch_df, cfg, num_shards), batch_df, batch_id, num_shards, report)
         report.total_seconds = time.perf_counter() - started
         metrics.publish(self.writer_id, report)
         self.reports.append(report)
@@ -120,48 +118,20 @@ class UpsertSink:
 
     def _process(self, prepared: DataFrame, batch_df: DataFrame, batch_id: int, num_shards: int,
                  report: BatchReport) -> None:
+        """One Spark job per attempt: route, tag (bad records pass through as quarantined),
+        collect; then quarantine, commit and tombstones from the collected output."""
         cfg = self.config
-        bad = prepared.filter(F.col(C.REASON).isNotNull())
-        quarantined = bad.select(
-            *batch_df.columns,
-            F.col(C.REASON).alias(QUARANTINE_REASON),
-            F.lit(batch_id).cast("long").alias(QUARANTINE_BATCH),
-        ).toArrow()
-        append_once(cfg.resolved_quarantine_uri, quarantined, [], self.writer_id, batch_id)
-        report.ops["quarantined"] = quarantined.num_rows
-        good = prepared.filter(F.col(C.REASON).isNull())
         out_schema = tagged_schema(batch_df.schema)
         arrow_out = to_arrow_schema(out_schema, timezone="UTC")
         for attempt in range(cfg.max_commit_retries + 1):
             self._target.refresh()
-            ctx = TaskContext(
-                table_uri=cfg.table_uri,
-                tombstone_uri=cfg.resolved_tombstone_uri,
-                table_id=self._target.table_id(),
-                table_version=self._target.version(),
-                writer_id=self.writer_id,
-                batch_id=batch_id,
-                key_cols=tuple(cfg.key),
-                partition_cols=tuple(cfg.partition_by),
-                ordering=cfg.ordering,
-                num_shards=num_shards,
-                incoming_wins_ties=cfg.incoming_wins_ties,
-                output_schema=arrow_out,
-                now=self._clock(),
-                index_dir=cfg.index_dir,
-                driver_local_dir=batch_df.sparkSession.conf.get("spark.local.dir", None),
-                bootstrap_days=cfg.bootstrap_days,
-                partition_date=(tuple(cfg.partition_date) if isinstance(cfg.partition_date, list)
-                                else cfg.partition_date),
-                partition_date_format=cfg.partition_date_format,
-                tiering_column=cfg.tiering_column,
-                partition_ttl_hours=cfg.partition_ttl_hours,
-                index_max_bytes=cfg.index_max_bytes,
-            )
+            ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out)
             tag_started = time.perf_counter()
-            tagged = self._tag(good, ctx, out_schema)
+            tagged = self._tag(prepared, ctx, out_schema)
             report.tag_seconds += time.perf_counter() - tag_started
             records, shards = self._read_tags(tagged, report)
+            if attempt == 0:
+                self._quarantine(records, batch_df.columns, batch_id)
             commit_started = time.perf_counter()
             try:
                 self._commit(records, batch_id, shards, report)
@@ -176,13 +146,49 @@ class UpsertSink:
                     ) from e
                 report.retries += 1
                 log.warning("batch %s: commit conflict, re-tagging (attempt %s)", batch_id, attempt + 2)
-        report.records_in = report.ops["quarantined"] + sum(report.ops[o] for o in OPS)
-        self._write_tombstones(batch_df, batch_id, prepared=good)
+        report.records_in = sum(report.ops.values())
+        if cfg.delete_when:
+            deletes = records.filter(pc.and_(records.column(C.DELETE), pc.not_equal(records.column(C.OP),
+                                                                                    QUARANTINED)))
+            self._append_tombstones(deletes, batch_id)
 
-    def _tag(self, good: DataFrame, ctx: TaskContext, out_schema) -> pa.Table:
+    def _task_context(self, batch_df: DataFrame, batch_id: int, num_shards: int, arrow_out: pa.Schema) -> TaskContext:
+        cfg = self.config
+        return TaskContext(
+            table_uri=cfg.table_uri,
+            tombstone_uri=cfg.resolved_tombstone_uri,
+            table_id=self._target.table_id(),
+            table_version=self._target.version(),
+            writer_id=self.writer_id,
+            batch_id=batch_id,
+            key_cols=tuple(cfg.key),
+            partition_cols=tuple(cfg.partition_by),
+            ordering=cfg.ordering,
+            num_shards=num_shards,
+            incoming_wins_ties=cfg.incoming_wins_ties,
+            output_schema=arrow_out,
+            now=self._clock(),
+            index_dir=cfg.index_dir,
+            driver_local_dir=batch_df.sparkSession.conf.get("spark.local.dir", None),
+            bootstrap_days=cfg.bootstrap_days,
+            partition_date=(tuple(cfg.partition_date) if isinstance(cfg.partition_date, list)
+                            else cfg.partition_date),
+            partition_date_format=cfg.partition_date_format,
+            tiering_column=cfg.tiering_column,
+            partition_ttl_hours=cfg.partition_ttl_hours,
+            index_max_bytes=cfg.index_max_bytes,
+        )
+
+    def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
+        bad = records.filter(pc.equal(records.column(C.OP), QUARANTINED))
+        rows = bad.select(columns).append_column(QUARANTINE_REASON, bad.column(C.REASON)).append_column(
+            QUARANTINE_BATCH, pa.array([batch_id] * bad.num_rows, pa.int64()))
+        append_once(self.config.resolved_quarantine_uri, rows, [], self.writer_id, batch_id)
+
+    def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema) -> pa.Table:
         try:
             return (
-                good.repartition(ctx.num_shards, F.col(C.SHARD))
+                prepared.repartition(ctx.num_shards, F.col(C.SHARD))
                 .mapInArrow(partial(tag_batches, ctx), out_schema)
                 .toArrow()
             )
@@ -199,7 +205,7 @@ class UpsertSink:
         is_stats = pc.equal(tagged.column(C.OP), C.STATS_OP)
         stats_rows = [json.loads(s) for s in tagged.filter(is_stats).column(C.STATS).to_pylist()]
         records = tagged.filter(pc.invert(is_stats))
-        report.ops.update({op: 0 for op in OPS})
+        report.ops = dict.fromkeys((*OPS, QUARANTINED), 0)
         for op, n in zip(*_value_counts(records.column(C.OP))):
             report.ops[op] = n
         hits = records.column(C.HIT)
@@ -207,6 +213,7 @@ class UpsertSink:
         report.misses = pc.sum(pc.cast(pc.equal(hits, False), "int64")).as_py() or 0
         for reason in report.partition_loads:
             report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
+        report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
                      "partitions_held", "cached_records", "cached_bytes"):
             setattr(report, name, sum(s[name] for s in stats_rows))
@@ -219,7 +226,7 @@ class UpsertSink:
             report.mode = "none"
             report.table_version = self._target.version()
             return
-        rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE]).append_column(
+        rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE]).append_column(
             WRITE_COLUMN, writes.column(C.WRITE)
         )
         outcome = self._target.commit(
@@ -235,21 +242,24 @@ class UpsertSink:
         report.table_version = outcome.version
         report.merge_partitions = outcome.merge_partitions
 
-    def _write_tombstones(self, batch_df: DataFrame, batch_id: int, prepared: DataFrame | None = None) -> None:
-        """Every valid delete record of the batch, so a reloaded partition remembers it.
-
-        A pure function of the batch's input, written after the main commit and
-        again on a replay that finds the main commit done, idempotent by app transaction.
-        """
+    def _write_tombstones(self, batch_df: DataFrame, batch_id: int) -> None:
+        """On a replayed batch whose main commit is done: make sure its tombstones are too."""
         cfg = self.config
         if not cfg.delete_when:
             return
-        if prepared is None:
-            num_shards = cfg.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
-            prepared = prepare(batch_df, cfg, num_shards).filter(F.col(C.REASON).isNull())
-        deletes = prepared.filter(F.col(C.DELETE)).select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow()
-        append_once(cfg.resolved_tombstone_uri, deletes, cfg.partition_by, self.writer_id, batch_id)
+        num_shards = cfg.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
+        deletes = prepare(batch_df, cfg, num_shards).filter(F.col(C.REASON).isNull() & F.col(C.DELETE))
+        self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow(), batch_id)
 
+    def _append_tombstones(self, deletes: pa.Table, batch_id: int) -> None:
+        """Every valid delete record of the batch, so a reloaded partition remembers it.
+
+        A pure function of the batch's input, written after the main commit (and again on
+        a replay that finds the main commit done), idempotent by app transaction.
+        """
+        cfg = self.config
+        rows = deletes.select([*cfg.key, *cfg.partition_by, cfg.ordering])
+        append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id)
 
 def _value_counts(col) -> tuple[list[str], list[int]]:
     counts = pc.value_counts(col)

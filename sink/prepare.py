@@ -76,9 +76,12 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
 
 
 def tagged_schema(stream_schema: StructType) -> StructType:
-    """What the tagging task returns: the stream's columns (nullable) and the tags."""
+    """What the tagging task returns: the stream's columns (nullable), the quarantine reason,
+    the delete flag and the tags."""
     fields = [StructField(f.name, f.dataType, True) for f in stream_schema.fields]
     fields += [
+        StructField(C.REASON, StringType(), True),
+        StructField(C.DELETE, BooleanType(), True),
         StructField(C.OP, StringType(), True),
         StructField(C.WRITE, StringType(), True),
         StructField(C.HIT, BooleanType(), True),

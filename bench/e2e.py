@@ -1,0 +1,98 @@
+"""End to end, side by side: the sink against the hand-written MERGE on the same input."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from bench.baseline import HandWrittenMerge
+from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
+from sink import SinkConfig, UpsertSink
+
+
+def stream(spark, landing: Path, checkpoint: Path, foreach) -> list[float]:
+    """Run one availableNow query over `landing`, one file per batch; seconds per batch."""
+    seconds: list[float] = []
+
+    def timed(df, batch_id):
+        started = time.perf_counter()
+        foreach(df, batch_id)
+        seconds.append(time.perf_counter() - started)
+
+    query = (spark.readStream.format("parquet").schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1)
+             .load(str(landing)).writeStream.foreachBatch(timed)
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query.awaitTermination()
+    return seconds
+
+
+def table_contents(uri: str) -> pa.Table:
+    table = DeltaTable(uri).to_pyarrow_table()
+    return table.sort_by([("id", "ascending"), ("dt", "ascending")]).combine_chunks()
+
+
+def median_after_first(values: list[float]) -> float:
+    return statistics.median(values[1:] if len(values) > 1 else values)
+
+
+def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, batches: int,
+             batch_rows: int, num_shards: int) -> dict:
+    case = work / f"{workload}-{table_rows}"
+    landing = case / "landing"
+    write_batches(landing, WORKLOADS[workload], table_rows, batches, batch_rows)
+    results = {}
+    for name in ("sink", "baseline"):
+        uri = case / name / "table"
+        shutil.copytree(template, uri)
+        if name == "sink":
+            cfg = SinkConfig(table_uri=str(uri), key=["id"], partition_by=["dt"], ordering="event_time",
+                             delete_when="op = 'd'", checkpoint_dir=str(case / name / "cp"),
+                             index_dir=str(case / name / "index"), num_shards=num_shards, metrics_port=0)
+            sink = UpsertSink(cfg)
+            seconds = stream(spark, landing, case / name / "cp", sink)
+            reports = sink.reports
+            extra = {
+                "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
+                "shard_seconds": [round(r.shard_seconds, 3) for r in reports],
+                "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
+                "modes": [r.mode for r in reports],
+                "merge_partitions": [r.merge_partitions for r in reports],
+                "partition_loads": [r.partition_loads for r in reports],
+            }
+        else:
+            seconds = stream(spark, landing, case / name / "cp", HandWrittenMerge(str(uri)))
+            extra = {}
+        results[name] = {"batch_seconds": [round(s, 3) for s in seconds],
+                         "median_after_first": round(median_after_first(seconds), 3), **extra}
+    equal = table_contents(str(case / "sink" / "table")).equals(table_contents(str(case / "baseline" / "table")))
+    shutil.rmtree(case)
+    return {
+        "workload": workload, "table_rows": table_rows, "batches": batches, "batch_rows": batch_rows,
+        **results,
+        "ratio_baseline_over_sink": round(results["baseline"]["median_after_first"]
+                                          / results["sink"]["median_after_first"], 2),
+        "tables_equal": equal,
+    }
+
+
+def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int, batch_rows: int,
+        num_shards: int, log=print) -> list[dict]:
+    out = []
+    for rows in sizes:
+        template = work / f"start-{rows}"
+        started = time.perf_counter()
+        write_start_table(str(template), rows)
+        log(f"starting table {rows:,} rows in {time.perf_counter() - started:.1f}s")
+        for workload in workloads:
+            case = run_case(spark, work, template, workload, rows, batches, batch_rows, num_shards)
+            log(f"{workload} {rows:,}: sink {case['sink']['median_after_first']}s, baseline "
+                f"{case['baseline']['median_after_first']}s per batch, ratio {case['ratio_baseline_over_sink']}, "
+                f"tables equal: {case['tables_equal']}")
+            out.append(case)
+        shutil.rmtree(template)
+    return out
