@@ -44,6 +44,8 @@ class SinkConfig:
     tiering_column: str | None = None
     # Disk budget of one shard replica; least recently used partitions go first.
     index_max_bytes: int | None = None
+    # Entries kept in memory per shard replica (and Python worker) in front of RocksDB; 0 = off.
+    hot_cache_entries: int = 200_000
     engine: str = "deltalake"
     metrics_port: int = 9466
     # Which record wins when the incoming ordering value equals the stored one.
@@ -110,6 +112,7 @@ class SinkConfig:
         _require_int("bootstrap_days", self.bootstrap_days, 0, 100_000)
         _require_int("partition_ttl_hours", self.partition_ttl_hours, 1, 1_000_000)
         self._validate_tiering()
+        _require_int("hot_cache_entries", self.hot_cache_entries, 0, 100_000_000)
         if self.index_max_bytes is not None:
             _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)
         _require_int("metrics_port", self.metrics_port, 0, 65535)

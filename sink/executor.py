@@ -60,6 +60,7 @@ class TaskContext:
     tiering_column: str | None = None
     partition_ttl_hours: int = 168
     index_max_bytes: int | None = None
+    hot_cache_entries: int = 0
 
     @property
     def spec(self) -> str:
@@ -78,10 +79,12 @@ def default_index_root(driver_local_dir: str | None = None) -> str:
 
 
 def new_stats() -> dict:
-    return {"shard_ids": [], "loads": {"bootstrap": 0, "on_demand": 0}, "load_seconds": 0.0,
-            "loaded_keys": 0, "commits_read": 0, "invalidated": 0, "applied": 0, "promoted": 0,
-            "rebuilds": 0, "evicted": 0, "partitions_held": 0, "cached_records": 0, "cached_bytes": 0,
-            "tag_seconds": 0.0}
+    return {
+        "shard_ids": [], "loads": {"bootstrap": 0, "on_demand": 0}, "load_seconds": 0.0, "loaded_keys": 0,
+        "commits_read": 0, "invalidated": 0, "applied": 0, "promoted": 0, "rebuilds": 0, "evicted": 0,
+        "lookups": {"memory": 0, "rocksdb": 0, "miss": 0}, "partitions_held": 0, "cached_records": 0,
+        "cached_bytes": 0, "tag_seconds": 0.0,
+    }
 
 
 def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -146,7 +149,7 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
     started = time.perf_counter()
     pids = keys.partition_ids(rows, ctx.partition_cols)
     path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
-    with ShardReplica.open(path, ctx.spec) as replica:
+    with ShardReplica.open(path, ctx.spec, hot_cache_entries=ctx.hot_cache_entries) as replica:
         source = prepare_replica(ctx, replica, shard, stats)
         needed = pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]
@@ -155,9 +158,11 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         result = tag(
             rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
             rows.column(C.DELETE).combine_chunks(), rows.column(C.SEQ).combine_chunks(),
-            replica.lookup, ctx.incoming_wins_ties,
+            replica.lookup_packed, ctx.incoming_wins_ties,
         )
         replica.stage(ctx.batch_id, result.changes)
+        for tier, n in replica.lookups.items():
+            stats["lookups"][tier] += n
         stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes, set(needed)))
         sizes = replica.partition_sizes()
         stats["partitions_held"] += len(sizes)
@@ -167,9 +172,9 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
     stats["tag_seconds"] += time.perf_counter() - started
     kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [C.REASON, C.DELETE]
     return (
-        rows.select(kept).append_column(C.OP, pa.array(result.op, pa.string()))
-        .append_column(C.WRITE, pa.array(result.write, pa.string()))
-        .append_column(C.HIT, pa.array(result.hit, pa.bool_()))
+        rows.select(kept).append_column(C.OP, result.op)
+        .append_column(C.WRITE, result.write)
+        .append_column(C.HIT, result.hit)
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
     )
 

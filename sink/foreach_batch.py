@@ -40,6 +40,7 @@ class BatchReport:
     ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*OPS, "quarantined"), 0))
     hits: int = 0
     misses: int = 0
+    memory_hits: int = 0  # of the hits, answered by the in-memory tier
     partition_loads: dict[str, int] = field(default_factory=lambda: {"bootstrap": 0, "on_demand": 0})
     load_seconds: float = 0.0
     loaded_keys: int = 0
@@ -177,6 +178,7 @@ class UpsertSink:
             tiering_column=cfg.tiering_column,
             partition_ttl_hours=cfg.partition_ttl_hours,
             index_max_bytes=cfg.index_max_bytes,
+            hot_cache_entries=cfg.hot_cache_entries,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -214,6 +216,7 @@ class UpsertSink:
         for reason in report.partition_loads:
             report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
         report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
+        report.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
                      "partitions_held", "cached_records", "cached_bytes"):
             setattr(report, name, sum(s[name] for s in stats_rows))

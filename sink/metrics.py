@@ -10,7 +10,10 @@ from sink.errors import SinkError
 
 _LABEL = ["sink"]
 
-LOOKUPS = Counter("upsert_sink_index_lookups", "Index lookups of distinct batch keys", [*_LABEL, "result"])
+LOOKUPS = Counter(
+    "upsert_sink_index_lookups", "Index lookups of distinct batch keys, by result and the tier that answered",
+    [*_LABEL, "result", "tier"],
+)
 PARTITION_LOADS = Counter(
     "upsert_sink_index_partition_loads", "Partitions loaded into replicas", [*_LABEL, "reason"]
 )
@@ -67,8 +70,9 @@ def publish(sink: str, report) -> None:
     """Publish one batch's report (a `sink.BatchReport`) under the `sink` label."""
     for op, n in report.ops.items():
         RECORDS.labels(sink, op).inc(n)
-    LOOKUPS.labels(sink, "hit").inc(report.hits)
-    LOOKUPS.labels(sink, "miss").inc(report.misses)
+    LOOKUPS.labels(sink, "hit", "memory").inc(report.memory_hits)
+    LOOKUPS.labels(sink, "hit", "rocksdb").inc(report.hits - report.memory_hits)
+    LOOKUPS.labels(sink, "miss", "rocksdb").inc(report.misses)
     for reason, n in report.partition_loads.items():
         PARTITION_LOADS.labels(sink, reason).inc(n)
     if any(report.partition_loads.values()):

@@ -1,41 +1,53 @@
 """The classify step: records + the index's committed view -> one operation per record.
 
-Pure: no Spark, no RocksDB. `lookup(partition, keys)` answers from the replica.
-Records of one key are applied in (ordering, arrival) order on top of the indexed
-entry, so a key seen twice in one batch is one insert then updates, never two
-inserts; an incoming record older than the current entry is `stale`.
-Each key that changes gets one `write` on its last applied record: what the table
-must do (`insert`, `update`, `delete`), or `tombstone` when only the index changes
-(a delete of a key the table does not hold).
+Pure: no Spark, no RocksDB. `lookup(partition, keys)` answers with packed entries (or
+None) from the replica. Records of one key are applied in (ordering, arrival) order on
+top of the indexed entry, so a key seen twice in one batch is one insert then updates,
+never two inserts; an incoming record older than the current entry is `stale`.
+Each key that changes gets one `write` on its last applied record: what the table must
+do (`insert`, `update`, `delete`), or `tombstone` when only the index changes (a delete
+of a key the table does not hold).
+
+Keys seen once in a batch (the common case) are classified with array operations; only
+keys with several records in the batch go through the per-record loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sink.index.entry import Entry
+from sink.index.entry import CHANGES_SCHEMA, Entry, unpack_many
 
 INSERT, UPDATE, DELETE, STALE, TOMBSTONE = "insert", "update", "delete", "stale", "tombstone"
 OPS = (INSERT, UPDATE, DELETE, STALE)
+_OP_NAMES = pa.array([INSERT, UPDATE, DELETE, STALE])
+_WRITE_NAMES = pa.array([INSERT, UPDATE, DELETE, TOMBSTONE])
+_I, _U, _D, _S = range(4)  # op codes, also write codes (with 3 = tombstone)
+_NO_WRITE = -1
 
-Lookup = Callable[[str, list[bytes]], Sequence[Entry | None]]
+LookupPacked = Callable[[str, list[bytes]], Sequence[bytes | None]]
 
 
 @dataclass
 class TagResult:
-    op: list[str]
-    write: list[str | None]
-    # True/False on the first record of each key: was the key in the index; None elsewhere.
-    hit: list[bool | None]
-    # partition id -> key -> entry after this batch, for every key the batch changes.
-    changes: dict[str, dict[bytes, Entry]] = field(default_factory=dict)
+    op: pa.Array  # per record: insert / update / delete / stale
+    write: pa.Array  # per record: what the table must do, null where nothing
+    hit: pa.Array  # on the first record of each key: was the key in the index; null elsewhere
+    changes: pa.Table  # CHANGES_SCHEMA: the entry after this batch of every key it changes
 
     def count(self, op: str) -> int:
-        return self.op.count(op)
+        return pc.sum(pc.equal(self.op, op)).as_py() or 0
+
+    def changes_dict(self) -> dict[str, dict[bytes, Entry]]:
+        out: dict[str, dict[bytes, Entry]] = {}
+        for row in self.changes.to_pylist():
+            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"])
+        return out
 
 
 def tag(
@@ -44,76 +56,103 @@ def tag(
     orderings: pa.Array,
     deletes: pa.Array,
     seqs: pa.Array,
-    lookup: Lookup,
+    lookup: LookupPacked,
     incoming_wins_ties: bool = True,
 ) -> TagResult:
-    """Tag every record. Arrays are aligned; keys are encoded key strings."""
+    """Tag every record. Arrays are aligned; keys are encoded keys (string or binary)."""
     n = len(keys)
-    result = TagResult(op=[STALE] * n, write=[None] * n, hit=[None] * n)
     if n == 0:
-        return result
+        return TagResult(pa.array([], pa.string()), pa.array([], pa.string()), pa.array([], pa.bool_()),
+                         CHANGES_SCHEMA.empty_table())
+    keys = keys.cast(pa.binary())
     order = pc.sort_indices(
         pa.table({"p": partitions, "k": keys, "o": orderings, "s": seqs}),
         sort_keys=[("p", "ascending"), ("k", "ascending"), ("o", "ascending"), ("s", "ascending")],
-    ).to_pylist()
-    key_list = [k.encode() for k in keys.to_pylist()]
-    part_list = partitions.to_pylist()
-    ord_list = orderings.to_pylist()
-    del_list = deletes.to_pylist()
+    ).to_numpy()
+    p_sorted, k_sorted = partitions.take(order), keys.take(order)
+    o = orderings.to_numpy(zero_copy_only=False)[order]
+    d = deletes.to_numpy(zero_copy_only=False)[order]
+    first = np.ones(n, bool)
+    if n > 1:
+        first[1:] = ~pc.and_(pc.equal(p_sorted[1:], p_sorted[:-1]),
+                             pc.equal(k_sorted[1:], k_sorted[:-1])).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(first)
+    sizes = np.diff(np.append(starts, n))
+    group_pids, group_keys = p_sorted.take(starts), k_sorted.take(starts)
+    found, e_ord, e_del = _lookup_groups(group_pids, group_keys, lookup)
 
-    indexed = _lookup_distinct(order, part_list, key_list, lookup)
+    op = np.full(n, _S, np.int8)
+    write = np.full(n, _NO_WRITE, np.int8)
+    new_ord = e_ord.copy()
+    new_del = e_del.copy()
+    changed = np.zeros(len(starts), bool)
 
-    i = 0
-    while i < n:
-        first = order[i]
-        pid, key = part_list[first], key_list[first]
-        j = i
-        while j < n and part_list[order[j]] == pid and key_list[order[j]] == key:
-            j += 1
-        state = _tag_key(order[i:j], indexed[(pid, key)], ord_list, del_list, incoming_wins_ties, result)
+    single = np.flatnonzero(sizes == 1)
+    rows = starts[single]
+    oo, dd, f, eo, ed = o[rows], d[rows], found[single], e_ord[single], e_del[single]
+    stale = f & ((oo < eo) | ((oo == eo) & (not incoming_wins_ties)))
+    live = f & ~ed
+    op[rows] = np.where(stale, _S, np.where(dd, _D, np.where(live, _U, _I)))
+    write[rows] = np.where(stale, _NO_WRITE, np.where(dd, np.where(live, _D, 3), np.where(live, _U, _I)))
+    applied = ~stale
+    changed[single[applied]] = True
+    new_ord[single[applied]] = oo[applied]
+    new_del[single[applied]] = dd[applied]
+
+    for g in np.flatnonzero(sizes > 1).tolist():
+        state = _tag_group(starts[g], sizes[g], bool(found[g]), int(e_ord[g]), bool(e_del[g]), o, d,
+                           incoming_wins_ties, op, write)
         if state is not None:
-            result.changes.setdefault(pid, {})[key] = state
-        i = j
-    return result
+            changed[g], new_ord[g], new_del[g] = True, state[0], state[1]
+
+    unsorted = np.empty(n, np.int64)
+    unsorted[order] = np.arange(n)
+    op_out = _OP_NAMES.take(pa.array(op[unsorted]))
+    w = write[unsorted]
+    write_out = _WRITE_NAMES.take(pa.array(np.where(w < 0, 0, w), mask=w < 0))
+    hit_sorted = np.zeros(n, bool)
+    hit_sorted[starts] = found
+    hit_out = pa.array(hit_sorted[unsorted], mask=~first[unsorted])
+    idx = pa.array(np.flatnonzero(changed))
+    changes = pa.table([group_pids.take(idx), group_keys.take(idx), pa.array(new_ord[changed]),
+                        pa.array(new_del[changed])], schema=CHANGES_SCHEMA)
+    return TagResult(op_out, write_out, hit_out, changes)
 
 
-def _lookup_distinct(order, part_list, key_list, lookup: Lookup) -> dict[tuple[str, bytes], Entry | None]:
-    by_partition: dict[str, list[bytes]] = {}
+def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked):
+    """(found, ordering, deleted) of each distinct key, one lookup call per partition."""
+    encoded = pc.dictionary_encode(pids)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    raws: list[bytes | None] = [None] * len(keys)
+    for code, pid in enumerate(encoded.dictionary.to_pylist()):
+        where = np.flatnonzero(codes == code)
+        answers = lookup(pid, keys.take(pa.array(where)).to_pylist())
+        for i, raw in zip(where.tolist(), answers):
+            raws[i] = raw
+    return unpack_many(raws)
+
+
+def _tag_group(start, size, found, e_ord, e_del, o, d, incoming_wins, op, write):
+    """Tag one key's records (sorted); return its (ordering, deleted) after the batch, or
+    None if nothing changed."""
+    initially_live = found and not e_del
+    state = (e_ord, e_del) if found else None
     last = None
-    for idx in order:
-        pk = (part_list[idx], key_list[idx])
-        if pk != last:
-            by_partition.setdefault(pk[0], []).append(pk[1])
-            last = pk
-    found = {}
-    for pid, keys in by_partition.items():
-        for key, entry in zip(keys, lookup(pid, keys)):
-            found[(pid, key)] = entry
-    return found
-
-
-def _tag_key(rows, entry: Entry | None, ords, dels, incoming_wins: bool, result: TagResult) -> Entry | None:
-    """Tag one key's records (sorted); return its new entry, or None if nothing changed."""
-    result.hit[rows[0]] = entry is not None
-    initially_live = entry is not None and not entry.deleted
-    state = entry
-    last_applied = None
-    for row in rows:
-        o = ords[row]
-        if state is not None and (o < state.ordering or (o == state.ordering and not incoming_wins)):
-            result.op[row] = STALE
-            continue
-        if dels[row]:
-            result.op[row] = DELETE
-            state = Entry(o, True)
+    for row in range(start, start + size):
+        ordering = int(o[row])
+        if state is not None and (ordering < state[0] or (ordering == state[0] and not incoming_wins)):
+            continue  # op stays stale
+        if d[row]:
+            op[row] = _D
+            state = (ordering, True)
         else:
-            result.op[row] = INSERT if state is None or state.deleted else UPDATE
-            state = Entry(o, False)
-        last_applied = row
-    if last_applied is None:
+            op[row] = _I if state is None or state[1] else _U
+            state = (ordering, False)
+        last = row
+    if last is None:
         return None
-    if state.deleted:
-        result.write[last_applied] = DELETE if initially_live else TOMBSTONE
+    if state[1]:
+        write[last] = _D if initially_live else 3
     else:
-        result.write[last_applied] = UPDATE if initially_live else INSERT
+        write[last] = _U if initially_live else _I
     return state

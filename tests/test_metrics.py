@@ -26,7 +26,7 @@ def test_two_sinks_share_one_endpoint_told_apart_by_label():
     lines = set(text.splitlines())
     assert 'upsert_sink_records_total{op="insert",sink="label-a"} 3.0' in lines
     assert 'upsert_sink_records_total{op="stale",sink="label-b"} 4.0' in lines
-    assert 'upsert_sink_index_lookups_total{result="hit",sink="label-b"} 7.0' in lines
+    assert 'upsert_sink_index_lookups_total{result="hit",sink="label-b",tier="rocksdb"} 7.0' in lines
     assert 'upsert_sink_index_partition_loads_total{reason="bootstrap",sink="label-b"} 5.0' in lines
     assert 'upsert_sink_table_version{sink="label-a"} 1.0' in lines
     assert 'upsert_sink_table_version{sink="label-b"} 9.0' in lines

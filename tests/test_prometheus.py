@@ -107,12 +107,13 @@ max_files_per_trigger = 1
     expected = {
         ("upsert_sink_records_total", "op"): {"insert": 130, "update": 50, "delete": 10, "stale": 10,
                                               "quarantined": 5},
-        ("upsert_sink_index_lookups_total", "result"): {"hit": 70, "miss": 130},
+        ("sum by (result) (upsert_sink_index_lookups_total{SINK})", "result"): {"hit": 70, "miss": 130},
         ("upsert_sink_commits_total", "mode"): {"append": 1, "merge": 1},
         ("upsert_sink_table_version", "sink"): {SINK: 2},
     }
     for (name, label), values in expected.items():
-        assert scraped(prom_port, f'{name}{{sink="{SINK}"}}', label, values) == values, name
+        expr = name.replace("{SINK}", f'{{sink="{SINK}"}}') if "{SINK}" in name else f'{name}{{sink="{SINK}"}}'
+        assert scraped(prom_port, expr, label, values) == values, name
 
 
 def test_a_port_in_use_is_a_clear_error():

@@ -1,4 +1,8 @@
+import random
+from typing import NamedTuple
+
 import pyarrow as pa
+import pytest
 
 from sink.index.entry import Entry
 from sink.tagging import tag
@@ -13,7 +17,7 @@ def run(records, index=None, incoming_wins=True):
 
     def lookup(pid, keys):
         looked_up.append((pid, list(keys)))
-        return [index.get(k.decode()) for k in keys]
+        return [None if k.decode() not in index else index[k.decode()].pack() for k in keys]
 
     n = len(records)
     result = tag(
@@ -25,7 +29,15 @@ def run(records, index=None, incoming_wins=True):
         lookup,
         incoming_wins,
     )
-    return result, looked_up
+    return Tagged(result.op.to_pylist(), result.write.to_pylist(), result.hit.to_pylist(),
+                  result.changes_dict()), looked_up
+
+
+class Tagged(NamedTuple):
+    op: list
+    write: list
+    hit: list
+    changes: dict
 
 
 def test_new_key_is_insert_known_key_update_older_stale():
@@ -96,3 +108,41 @@ def test_stale_records_in_a_batch_do_not_hide_a_newer_one():
 def test_empty_input():
     result, lookups = run([])
     assert (result.op, result.changes, lookups) == ([], {}, [])
+
+
+def reference(records, index, incoming_wins):
+    """Record by record, in (ordering, arrival) order per key: the rule the docs state."""
+    op, write, changes = [None] * len(records), [None] * len(records), {}
+    by_key = {}
+    for i, (k, _, _) in enumerate(records):
+        by_key.setdefault(k, []).append(i)
+    for k, rows in by_key.items():
+        rows.sort(key=lambda i: (records[i][1], i))
+        state = index.get(k)
+        live = state is not None and not state.deleted
+        last = None
+        for i in rows:
+            o, d = records[i][1], records[i][2]
+            if state is not None and (o < state.ordering or (o == state.ordering and not incoming_wins)):
+                op[i] = "stale"
+                continue
+            op[i] = "delete" if d else ("insert" if state is None or state.deleted else "update")
+            state, last = Entry(o, d), i
+        if last is not None:
+            write[last] = ("delete" if live else "tombstone") if state.deleted else ("update" if live else "insert")
+            changes[k.encode()] = state
+    return op, write, changes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_matches_a_record_by_record_reference(seed):
+    rng = random.Random(seed)
+    keys = [f"k{i}" for i in range(rng.randint(1, 40))]
+    index = {k: Entry(rng.randint(0, 9), rng.random() < 0.2) for k in keys if rng.random() < 0.5}
+    records = [(rng.choice(keys), rng.randint(0, 9), rng.random() < 0.2) for _ in range(rng.randint(1, 80))]
+    incoming = rng.random() < 0.5
+    result, _ = run(records, index, incoming)
+    op, write, changes = reference(records, index, incoming)
+    assert result.op == op
+    assert result.write == write
+    assert result.changes == ({P: changes} if changes else {})

@@ -1,11 +1,24 @@
-"""What the index stores per key: the ordering value and whether the key is deleted."""
+"""What the index stores per key: the ordering value and whether the key is deleted.
+
+Packed as 9 bytes (little-endian int64 ordering, one deleted byte); the *_many helpers
+do whole batches through numpy, so no per-key struct calls sit on the hot path.
+"""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+import pyarrow as pa
+
 _PACK = struct.Struct("<q?")
+SIZE = _PACK.size
+_DTYPE = np.dtype([("ordering", "<i8"), ("deleted", "?")])
+# Entries a batch changes, as tagging returns them and staging stores them.
+CHANGES_SCHEMA = pa.schema([("pid", pa.string()), ("key", pa.binary()), ("ordering", pa.int64()),
+                            ("deleted", pa.bool_())])
 
 
 class Entry(NamedTuple):
@@ -18,3 +31,25 @@ class Entry(NamedTuple):
     @classmethod
     def unpack(cls, raw: bytes) -> Entry:
         return cls(*_PACK.unpack(raw))
+
+
+def pack_many(orderings: np.ndarray | Sequence[int], deleted: np.ndarray | Sequence[bool]) -> list[bytes]:
+    """Packed values of aligned ordering / deleted arrays."""
+    records = np.empty(len(orderings), _DTYPE)
+    records["ordering"] = orderings
+    records["deleted"] = deleted
+    buf = records.tobytes()
+    return [buf[i:i + SIZE] for i in range(0, len(buf), SIZE)]
+
+
+def unpack_many(raws: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(found, orderings, deleted) arrays of packed values, None meaning not found
+    (orderings and deleted are 0/False there)."""
+    found = np.fromiter((r is not None for r in raws), bool, len(raws))
+    orderings = np.zeros(len(raws), np.int64)
+    deleted = np.zeros(len(raws), bool)
+    if found.any():
+        records = np.frombuffer(b"".join(r for r in raws if r is not None), _DTYPE)
+        orderings[found] = records["ordering"]
+        deleted[found] = records["deleted"]
+    return found, orderings, deleted

@@ -2,8 +2,9 @@
 
 The `default` column family holds metadata: format, key spec, the Delta version the
 replica reflects, the batch staged on top of it, and per-partition load records.
-Entries a batch will change are staged apart (column family `_staged`) until the
-commit carrying that batch is seen in the Delta log; then they are promoted.
+Entries a batch will change are staged apart (one Arrow blob under the batch id) until
+the commit carrying that batch is seen in the Delta log; then they are promoted. An
+in-process LRU (the memory tier) answers repeated lookups before RocksDB.
 
 WAL is off (the replica is rebuildable from the table). A `dirty` flag, persisted
 on open and cleared after a full flush on close, tells a replica left by a killed
@@ -17,10 +18,12 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
@@ -32,20 +35,28 @@ from rocksdict import (
 )
 
 from sink.errors import ReplicaLockedError
-from sink.index.entry import Entry
+from sink.index.entry import CHANGES_SCHEMA, Entry, pack_many
+from sink.index.hot_tier import HotTier, tier_for
 
 FORMAT_VERSION = "1"
 PARTITION_CF_PREFIX = "p:"
-STAGED_CF = "_staged"
-_SEP = b"\x00"  # partition id / key separator in staged keys; partition ids never hold NUL
 _META_FORMAT = b"format"
 _META_SPEC = b"spec"
 _META_VERSION = b"version"
 _META_STAGED_BATCH = b"staged_batch"
+_META_STAGED_DATA = b"staged_data"
 _META_DIRTY = b"dirty"
+_META_TOKEN = b"token"  # new at every clean close: tells a process its memory tier is current
 _META_PART = b"part:"
 # Above this many entries a partition load goes through an SST file and ingest.
 _SST_THRESHOLD = 20_000
+
+
+def changes_table(changes: Mapping[str, Mapping[bytes, Entry]]) -> pa.Table:
+    """Staged changes as the Arrow table `stage` takes, from pid -> key -> entry."""
+    rows = [(pid, key, e.ordering, e.deleted) for pid, entries in changes.items() for key, e in entries.items()]
+    return pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(zip(*rows), CHANGES_SCHEMA)]
+                                if rows else [pa.array([], f.type) for f in CHANGES_SCHEMA], schema=CHANGES_SCHEMA)
 
 
 def replica_spec(key_cols, partition_cols, ordering: str) -> str:
@@ -78,11 +89,14 @@ class PartitionInfo:
 class ShardReplica:
     """An open shard replica. Use `ShardReplica.open(...)` as a context manager."""
 
-    def __init__(self, path: Path, db: Rdict, read_only: bool = False):
+    def __init__(self, path: Path, db: Rdict, read_only: bool = False, tier: HotTier | None = None):
         self.path = path
         self._db = db
         self._lock = threading.Lock()
         self.read_only = read_only
+        self.tier = tier or HotTier(0)
+        # Lookup counts of this open: distinct keys found in memory, in RocksDB, or not found.
+        self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0}
         if not read_only:
             write_opts = WriteOptions()
             write_opts.disable_wal = True
@@ -106,7 +120,8 @@ class ShardReplica:
     # --- lifecycle ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], spec: str, lock_timeout_s: float = 60.0) -> ShardReplica:
+    def open(cls, path: str | os.PathLike[str], spec: str, lock_timeout_s: float = 60.0,
+             hot_cache_entries: int = 0) -> ShardReplica:
         """Open (or create) the replica at `path` for the given key spec.
 
         A replica of another format or key spec, or one a killed process left dirty,
@@ -123,6 +138,7 @@ class ShardReplica:
             replica = cls(path, _open_locked(path, lock_timeout_s))
             replica._db[_META_FORMAT] = FORMAT_VERSION.encode()
             replica._db[_META_SPEC] = spec.encode()
+        replica.tier = tier_for(str(path), hot_cache_entries, replica._db.get(_META_TOKEN))
         replica._db[_META_DIRTY] = b"1"
         replica._db.flush()
         return replica
@@ -145,8 +161,11 @@ class ShardReplica:
                 cf = self._db.get_column_family(name)
                 cf.flush()
                 del cf
+        token = os.urandom(8)
+        self._db[_META_TOKEN] = token
         self._db[_META_DIRTY] = b"0"
         self._db.flush()
+        self.tier.token = token
         self._close_db()
 
     def _close_db(self) -> None:
@@ -191,6 +210,11 @@ class ShardReplica:
     def load_partition(
         self, pid: str, keys: list[bytes], entries: list[Entry], reason: str, now: float | None = None
     ) -> None:
+        self.load_packed(pid, keys, [e.pack() for e in entries], reason, now)
+
+    def load_packed(
+        self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes], reason: str, now: float | None = None
+    ) -> None:
         """Replace partition `pid` with exactly these entries; visible only once complete."""
         now = time.time() if now is None else now
         with self._lock:
@@ -199,25 +223,25 @@ class ShardReplica:
             cf = self._db.create_column_family(cf_name, _options())
             try:
                 if len(keys) >= _SST_THRESHOLD:
-                    self._ingest_sorted(cf, keys, entries)
-                elif keys:
+                    self._ingest_sorted(cf, keys, raws)
+                elif len(keys):
                     batch = WriteBatch(raw_mode=True)
                     batch.set_default_column_family(self._db.get_column_family_handle(cf_name))
-                    for k, e in zip(keys, entries):
-                        batch.put(k, e.pack())
+                    for k, raw in zip(keys, raws):
+                        batch.put(k, raw)
                     self._db.write(batch)
             finally:
                 del cf
             info = PartitionInfo(loaded_entries=len(keys), loaded_at=now, last_access=now, reason=reason)
             self._db[_META_PART + pid.encode()] = json.dumps(info.__dict__).encode()
 
-    def _ingest_sorted(self, cf: Rdict, keys: list[bytes], entries: list[Entry]) -> None:
-        order = sorted(range(len(keys)), key=keys.__getitem__)
+    def _ingest_sorted(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
+        order = pc.sort_indices(pa.array(keys, pa.binary())).to_numpy()
         sst = self.path / f"ingest-{os.getpid()}-{threading.get_ident()}.sst"
         writer = SstFileWriter(_options())
         writer.open(str(sst))
-        for i in order:
-            writer[keys[i]] = entries[i].pack()
+        for i in order.tolist():
+            writer[keys[i]] = raws[i]
         writer.finish()
         try:
             cf.ingest_external_file([str(sst)])
@@ -225,6 +249,7 @@ class ShardReplica:
             sst.unlink(missing_ok=True)
 
     def drop_partition(self, pid: str) -> None:
+        self.tier.drop_partition(pid)
         meta_key = _META_PART + pid.encode()
         if self._db.get(meta_key) is not None:
             del self._db[meta_key]
@@ -233,13 +258,13 @@ class ShardReplica:
 
     def drop_all(self) -> None:
         """Forget every partition and staged entry (the replica then reloads on demand)."""
+        self.tier.clear()
         for name in self._cf_names():
-            if name.startswith(PARTITION_CF_PREFIX) or name == STAGED_CF:
+            if name.startswith(PARTITION_CF_PREFIX):
                 self._db.drop_column_family(name)
         for key in [k for k, _ in self._db.items(from_key=_META_PART) if k.startswith(_META_PART)]:
             del self._db[key]
-        if self._db.get(_META_STAGED_BATCH) is not None:
-            del self._db[_META_STAGED_BATCH]
+        self.discard_staged()
 
     def partition_sizes(self) -> dict[str, tuple[int, int]]:
         """Per held partition: (entries, bytes on disk and in memory), RocksDB's estimates."""
@@ -265,8 +290,41 @@ class ShardReplica:
                 rec["last_access"] = now
                 self._db[meta_key] = json.dumps(rec).encode()
 
+    def _cf_names(self) -> list[str]:
+        return Rdict.list_cf(str(self.path), _options())
+
+    # --- lookups -----------------------------------------------------------------------------
+
+    def lookup_packed(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Committed packed entries of `keys` in a held partition: memory tier first, then one
+        RocksDB multi-get for the rest (staged entries are not visible)."""
+        if not len(keys):
+            return []
+        raws = self.tier.get_many(pid, keys)
+        todo = [i for i, r in enumerate(raws) if r is None]
+        self.lookups["memory"] += len(keys) - len(todo)
+        if todo:
+            cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
+            try:
+                fetched = cf.get([keys[i] for i in todo])
+            finally:
+                del cf
+            found_keys, found_raws = [], []
+            for i, raw in zip(todo, fetched):
+                if raw is not None:
+                    raws[i] = raw
+                    found_keys.append(keys[i])
+                    found_raws.append(raw)
+            self.lookups["rocksdb"] += len(found_keys)
+            self.lookups["miss"] += len(todo) - len(found_keys)
+            self.tier.put_many(pid, found_keys, found_raws)
+        return raws
+
+    def lookup(self, pid: str, keys: list[bytes]) -> list[Entry | None]:
+        return [None if r is None else Entry.unpack(r) for r in self.lookup_packed(pid, keys)]
+
     def entries(self, pid: str):
-        """Every committed (key, entry) of a held partition, in key order."""
+        """Every committed (key, entry) of a held partition, in key order (RocksDB only)."""
         cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
         try:
             for key, raw in cf.items():
@@ -274,75 +332,63 @@ class ShardReplica:
         finally:
             del cf
 
-    def _cf_names(self) -> list[str]:
-        return Rdict.list_cf(str(self.path), _options())
+    def put_packed(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
+        """Write committed entries into a held partition (and its memory tier)."""
+        batch = WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid))
+        for key, raw in zip(keys, raws):
+            batch.put(key, raw)
+        self._db.write(batch)
+        self.tier.put_many(pid, keys, raws)
 
-    # --- lookups -----------------------------------------------------------------------------
-
-    def lookup(self, pid: str, keys: list[bytes]) -> list[Entry | None]:
-        """Committed entries of `keys` in a held partition (staged entries are not visible)."""
-        if not keys:
-            return []
-        cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
-        try:
-            raws = cf.get(keys)
-        finally:
-            del cf
-        return [None if r is None else Entry.unpack(r) for r in raws]
+    def put_entries(self, pid: str, entries: Mapping[bytes, Entry]) -> None:
+        self.put_packed(pid, list(entries), [e.pack() for e in entries.values()])
 
     # --- staging -----------------------------------------------------------------------------
 
-    def stage(self, batch_id: int, changes: Mapping[str, Mapping[bytes, Entry]]) -> None:
-        """Record what `batch_id` changes, replacing whatever was staged before."""
-        self.discard_staged()
-        cf = self._db.create_column_family(STAGED_CF, _options())
-        del cf
-        batch = WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._db.get_column_family_handle(STAGED_CF))
-        for pid, entries in changes.items():
-            prefix = pid.encode() + _SEP
-            for key, entry in entries.items():
-                batch.put(prefix + key, entry.pack())
-        self._db.write(batch)
+    def stage(self, batch_id: int, changes: pa.Table | Mapping[str, Mapping[bytes, Entry]]) -> None:
+        """Record what `batch_id` changes (CHANGES_SCHEMA rows), replacing what was staged before."""
+        if not isinstance(changes, pa.Table):
+            changes = changes_table(changes)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, CHANGES_SCHEMA) as writer:
+            writer.write_table(changes.cast(CHANGES_SCHEMA))
+        self._db[_META_STAGED_DATA] = sink.getvalue().to_pybytes()
         self._db[_META_STAGED_BATCH] = str(batch_id).encode()
 
+    def _staged_table(self) -> pa.Table | None:
+        raw = self._db.get(_META_STAGED_DATA)
+        return None if raw is None else pa.ipc.open_stream(raw).read_all()
+
     def staged(self) -> dict[str, dict[bytes, Entry]]:
-        if STAGED_CF not in self._cf_names():
-            return {}
+        table = self._staged_table()
         out: dict[str, dict[bytes, Entry]] = {}
-        cf = self._db.get_column_family(STAGED_CF)
-        try:
-            for raw_key, raw in cf.items():
-                pid, _, key = raw_key.partition(_SEP)
-                out.setdefault(pid.decode(), {})[key] = Entry.unpack(raw)
-        finally:
-            del cf
+        for row in ([] if table is None else table.to_pylist()):
+            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"])
         return out
 
     def promote_staged(self) -> int:
         """Move staged entries into the committed view; partitions not held are skipped
         (they load from the table, which already has the commit). Returns entries promoted."""
+        table = self._staged_table()
         promoted = 0
-        for pid, entries in self.staged().items():
-            if self.has_partition(pid):
-                self.put_entries(pid, entries)
-                promoted += len(entries)
+        if table is not None and table.num_rows:
+            encoded = pc.dictionary_encode(table.column("pid")).combine_chunks()
+            codes = encoded.indices.to_numpy()
+            for code, pid in enumerate(encoded.dictionary.to_pylist()):
+                if not self.has_partition(pid):
+                    continue
+                rows = table.filter(pa.array(codes == code))
+                raws = pack_many(rows.column("ordering").to_numpy(), rows.column("deleted").to_numpy(False))
+                self.put_packed(pid, rows.column("key").to_pylist(), raws)
+                promoted += rows.num_rows
         self.discard_staged()
         return promoted
 
-    def put_entries(self, pid: str, entries: Mapping[bytes, Entry]) -> None:
-        """Write committed entries into a held partition."""
-        batch = WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid))
-        for key, entry in entries.items():
-            batch.put(key, entry.pack())
-        self._db.write(batch)
-
     def discard_staged(self) -> None:
-        if STAGED_CF in self._cf_names():
-            self._db.drop_column_family(STAGED_CF)
-        if self._db.get(_META_STAGED_BATCH) is not None:
-            del self._db[_META_STAGED_BATCH]
+        for key in (_META_STAGED_DATA, _META_STAGED_BATCH):
+            if self._db.get(key) is not None:
+                del self._db[key]
 
 
 def _open_locked(path: Path, timeout_s: float) -> Rdict:
