@@ -122,14 +122,17 @@ def tag(
 def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked):
     """(found, ordering, deleted) of each distinct key, one lookup call per partition."""
     encoded = pc.dictionary_encode(pids)
+    names = encoded.dictionary.to_pylist()
+    if len(names) == 1:
+        return unpack_many(lookup(names[0], keys.to_pylist()))
     codes = encoded.indices.to_numpy(zero_copy_only=False)
-    raws: list[bytes | None] = [None] * len(keys)
-    for code, pid in enumerate(encoded.dictionary.to_pylist()):
+    raws = np.empty(len(keys), object)
+    for code, pid in enumerate(names):
         where = np.flatnonzero(codes == code)
-        answers = lookup(pid, keys.take(pa.array(where)).to_pylist())
-        for i, raw in zip(where.tolist(), answers):
-            raws[i] = raw
-    return unpack_many(raws)
+        answers = np.empty(len(where), object)
+        answers[:] = lookup(pid, keys.take(pa.array(where)).to_pylist())
+        raws[where] = answers
+    return unpack_many(raws.tolist())
 
 
 def _tag_group(start, size, found, e_ord, e_del, o, d, incoming_wins, op, write):

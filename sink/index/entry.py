@@ -42,14 +42,16 @@ def pack_many(orderings: np.ndarray | Sequence[int], deleted: np.ndarray | Seque
     return [buf[i:i + SIZE] for i in range(0, len(buf), SIZE)]
 
 
+# Stands in for "not found" while unpacking: deleted byte 2 never occurs in a real entry.
+_MISSING = b"\x00" * 8 + b"\x02"
+
+
 def unpack_many(raws: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(found, orderings, deleted) arrays of packed values, None meaning not found
     (orderings and deleted are 0/False there)."""
-    found = np.fromiter((r is not None for r in raws), bool, len(raws))
-    orderings = np.zeros(len(raws), np.int64)
-    deleted = np.zeros(len(raws), bool)
-    if found.any():
-        records = np.frombuffer(b"".join(r for r in raws if r is not None), _DTYPE)
-        orderings[found] = records["ordering"]
-        deleted[found] = records["deleted"]
-    return found, orderings, deleted
+    if not len(raws):
+        return np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, bool)
+    records = np.frombuffer(b"".join([_MISSING if r is None else r for r in raws]),
+                            np.dtype([("ordering", "<i8"), ("flag", "u1")]))
+    found = records["flag"] != 2
+    return found, np.where(found, records["ordering"], 0), records["flag"] == 1

@@ -1,4 +1,4 @@
-"""The memory tier: an LRU of recently used committed entries in front of a shard's RocksDB.
+"""The memory tier: recently used committed entries in front of a shard's RocksDB.
 
 It holds only what the replica's committed view holds: every write path of the replica
 (load, promotion, change feed, drop) updates or drops it, and a tier is only reused by
@@ -8,48 +8,83 @@ a process when the replica carries the token the process wrote when it last clos
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 
 class HotTier:
+    """Least-recently-used eviction approximated by two generations, so that a hit costs one
+    dict lookup: entries are written to the young generation; a hit in the old generation
+    moves the entry to the young one; when the young generation holds half the capacity it
+    becomes the old one and the previous old generation is dropped. An entry used at least
+    once per generation stays; at most `capacity` entries are held."""
+
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
+        self._young: dict[str, dict[bytes, bytes]] = {}
+        self._old: dict[str, dict[bytes, bytes]] = {}
+        self._young_size = 0
+        self._old_size = 0
         self.token: bytes | None = None  # the replica's token this tier is valid for
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._young_size + self._old_size
+
+    def items(self):
+        for generation in (self._old, self._young):
+            for pid, entries in generation.items():
+                for key, raw in entries.items():
+                    yield (pid, key), raw
 
     def get_many(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
-        entries = self._entries
-        out: list[bytes | None] = []
-        append = out.append
-        for key in keys:
-            k = (pid, key)
-            raw = entries.get(k)
-            if raw is not None:
-                entries.move_to_end(k)
-            append(raw)
+        young = self._young.get(pid, {})
+        out = [young.get(k) for k in keys] if young else [None] * len(keys)
+        old = self._old.get(pid)
+        if old:
+            moved_keys, moved = [], []
+            for i, k in enumerate(keys):
+                if out[i] is None:
+                    raw = old.get(k)
+                    if raw is not None:
+                        out[i] = raw
+                        moved_keys.append(k)
+                        moved.append(raw)
+            if moved_keys:
+                self.put_many(pid, moved_keys, moved)
         return out
 
     def put_many(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
-        if self.capacity <= 0:
+        if self.capacity <= 0 or not len(keys):
             return
-        entries = self._entries
-        for key, raw in zip(keys, raws):
-            k = (pid, key)
-            entries[k] = raw
-            entries.move_to_end(k)
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
+        old = self._old.get(pid)
+        if old:
+            for k in keys:
+                if old.pop(k, None) is not None:
+                    self._old_size -= 1
+        young = self._young.setdefault(pid, {})
+        before = len(young)
+        young.update(zip(keys, raws))
+        self._young_size += len(young) - before
+        if self._young_size > max(self.capacity // 2, 1):
+            self._old, self._old_size = self._young, self._young_size
+            self._young, self._young_size = {}, 0
+        while len(self) > self.capacity:  # oldest entries of the old generation first
+            if not self._old_size:
+                self._old, self._old_size = self._young, self._young_size
+                self._young, self._young_size = {}, 0
+            pid_, entries = next(iter(self._old.items()))
+            if entries:
+                entries.pop(next(iter(entries)))
+                self._old_size -= 1
+            if not entries:
+                del self._old[pid_]
 
     def drop_partition(self, pid: str) -> None:
-        for k in [k for k in self._entries if k[0] == pid]:
-            del self._entries[k]
+        self._young_size -= len(self._young.pop(pid, {}))
+        self._old_size -= len(self._old.pop(pid, {}))
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._young, self._old = {}, {}
+        self._young_size = self._old_size = 0
 
 
 # One tier per replica directory per process (a Python worker runs one task at a time).

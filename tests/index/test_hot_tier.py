@@ -22,7 +22,7 @@ def assert_tier_consistent(replica):
     view = rocksdb_view(replica)
     for pid in view:
         assert replica.lookup_packed(pid, KEYS) == [view[pid].get(k) for k in KEYS], pid
-    for (pid, key), raw in replica.tier._entries.items():
+    for (pid, key), raw in replica.tier.items():
         assert view.get(pid, {}).get(key) == raw, (pid, key)
 
 
@@ -88,9 +88,12 @@ def test_a_reopened_replica_answers_from_memory(tmp_path):
         assert r.lookups == {"memory": 5, "rocksdb": 0, "miss": 1}
 
 
-def test_lru_keeps_the_most_recently_used():
-    tier = HotTier(2)
-    tier.put_many("p", [b"a", b"b"], [b"1", b"2"])
-    tier.get_many("p", [b"a"])
-    tier.put_many("p", [b"c"], [b"3"])
-    assert tier.get_many("p", [b"a", b"b", b"c"]) == [b"1", None, b"3"]
+def test_recently_used_entries_survive_and_the_rest_go():
+    tier = HotTier(4)
+    tier.put_many("p", [b"a", b"b", b"c"], [b"1", b"2", b"3"])  # over half the capacity: they age
+    assert tier.get_many("p", [b"a"]) == [b"1"]  # used again: young again
+    tier.put_many("q", [b"x"], [b"8"])
+    tier.put_many("q", [b"y"], [b"9"])  # the young generation ages; b and c were not used since
+    assert tier.get_many("p", [b"a", b"b", b"c"]) == [b"1", None, None]
+    assert tier.get_many("q", [b"x", b"y"]) == [b"8", b"9"]
+    assert len(tier) <= 4
