@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint check-java test-tools clean-data
+.PHONY: run test lint bench bench-quick check-java test-tools clean-data
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
@@ -40,6 +40,13 @@ test-tools:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
 			|| echo "warning: prometheus could not be installed; the scrape test will be skipped"; \
 		else echo "note: prometheus is not installed (apt-get install prometheus); the scrape test will be skipped"; fi; }
+
+# Benchmarks (not tests): results in bench/results/<name>-<date>.json and .png.
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+bench-quick: $(STAMP)
+	$(PY) -m bench.run --quick
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sink jobs tests

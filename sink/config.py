@@ -16,6 +16,7 @@ from sink.errors import ConfigError
 SCOPES = ("partitioned", "global")
 ENGINES = ("deltalake", "delta-spark")
 TIES = ("incoming", "existing")
+TAG_ON = ("executors", "driver")
 
 
 @dataclass
@@ -46,6 +47,9 @@ class SinkConfig:
     index_max_bytes: int | None = None
     # Entries kept in memory per shard replica (and Python worker) in front of RocksDB; 0 = off.
     hot_cache_entries: int = 200_000
+    # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver
+    # process (replicas on the driver's disk; saves the shuffle on a single machine).
+    tag_on: str = "executors"
     engine: str = "deltalake"
     metrics_port: int = 9466
     # Which record wins when the incoming ordering value equals the stored one.
@@ -96,6 +100,7 @@ class SinkConfig:
         _require_choice("scope", self.scope, SCOPES)
         _require_choice("engine", self.engine, ENGINES)
         _require_choice("ties", self.ties, TIES)
+        _require_choice("tag_on", self.tag_on, TAG_ON)
         if self.scope == "global":
             raise ConfigError("scope = 'global' is not implemented yet; accepted: 'partitioned'")
         if self.engine == "delta-spark":

@@ -15,6 +15,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -25,7 +26,7 @@ from sink import columns as C
 from sink import keys
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
-from sink.index.loader import has_change_data_feed, read_changes
+from sink.index.loader import read_changes
 from sink.index.replica import ShardReplica, replica_path, replica_spec
 from sink.lakehouse.log import read_commit
 from sink.tagging import tag
@@ -61,6 +62,7 @@ class TaskContext:
     partition_ttl_hours: int = 168
     index_max_bytes: int | None = None
     hot_cache_entries: int = 0
+    change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
 
     @property
     def spec(self) -> str:
@@ -105,6 +107,20 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
     yield _stats_batch(ctx.output_schema, stats)
 
 
+def tag_locally(ctx: TaskContext, records: pa.Table, threads: int) -> pa.Table:
+    """The tagging tasks run in this process instead of Spark's, one thread per shard."""
+    shards = pc.unique(records.column(C.SHARD)).to_pylist() if records.num_rows else []
+
+    def one(shard) -> pa.Table:
+        rows = records.filter(pc.equal(records.column(C.SHARD), shard)) if shard is not None else records
+        return pa.Table.from_batches(list(tag_batches(ctx, iter(rows.to_batches()))), schema=ctx.output_schema)
+
+    if threads <= 1 or len(shards) <= 1:
+        return pa.concat_tables([one(s) for s in shards or [None]])
+    with ThreadPoolExecutor(max_workers=min(threads, len(shards))) as pool:
+        return pa.concat_tables(list(pool.map(one, shards)))
+
+
 def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
     n = bad.num_rows
     tags = {C.OP: pa.array([QUARANTINED] * n, pa.string()), C.WRITE: pa.nulls(n, pa.string()),
@@ -118,13 +134,25 @@ def shard_source(ctx: TaskContext, shard: int) -> ShardSource:
                        ctx.key_cols, ctx.ordering, shard, ctx.num_shards)
 
 
-def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: dict) -> ShardSource:
+class LazySource:
+    """The shard's Delta tables, opened on first use (most batches load nothing)."""
+
+    def __init__(self, ctx: TaskContext, shard: int):
+        self._ctx, self._shard, self._source = ctx, shard, None
+
+    def get(self) -> ShardSource:
+        if self._source is None:
+            self._source = shard_source(self._ctx, self._shard)
+        return self._source
+
+
+def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: dict) -> LazySource:
     """Catch the replica up to the batch's table version; bootstrap it if it was emptied."""
-    source = shard_source(ctx, shard)
+    source = LazySource(ctx, shard)
     changes = None
-    if has_change_data_feed(source.table):
+    if ctx.change_data_feed:
         def changes(v: int):
-            return read_changes(source.table, v, ctx.key_cols, ctx.partition_cols, ctx.ordering,
+            return read_changes(source.get().table, v, ctx.key_cols, ctx.partition_cols, ctx.ordering,
                                 shard, ctx.num_shards)
     report = catch_up(
         replica, ctx.table_version,
@@ -138,7 +166,7 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: 
     if report.rebuilt is not None:
         stats["rebuilds"] += 1
         booted = bootstrap(
-            replica, source, ctx.partition_cols, (ctx.partition_date, ctx.partition_date_format),
+            replica, source.get(), ctx.partition_cols, (ctx.partition_date, ctx.partition_date_format),
             ctx.tiering_column, ctx.bootstrap_days, ctx.now,
         )
         _count_loads(stats, "bootstrap", booted)
@@ -153,7 +181,9 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         source = prepare_replica(ctx, replica, shard, stats)
         needed = pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]
-        _count_loads(stats, "on_demand", load_partitions(replica, source, missing, "on_demand", now=ctx.now))
+        if missing:
+            _count_loads(stats, "on_demand", load_partitions(replica, source.get(), missing, "on_demand",
+                                                             now=ctx.now))
         replica.touch(needed, ctx.now)
         result = tag(
             rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
@@ -164,7 +194,7 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
         stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes, set(needed)))
-        sizes = replica.partition_sizes()
+        sizes = _sizes(replica, ctx.now, fresh=ctx.index_max_bytes is not None)
         stats["partitions_held"] += len(sizes)
         stats["cached_records"] += sum(e for e, _ in sizes.values())
         stats["cached_bytes"] += sum(b for _, b in sizes.values())
@@ -177,6 +207,23 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         .append_column(C.HIT, result.hit)
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
     )
+
+
+_SIZES: dict[str, tuple[float, dict]] = {}
+SIZES_EVERY_S = 60.0
+
+
+def _sizes(replica: ShardReplica, now: float, fresh: bool) -> dict[str, tuple[int, int]]:
+    """Per-partition (entries, bytes) for the gauges: RocksDB's estimates cost a property
+    read per column family, so they are refreshed once a minute per replica (always when a
+    byte budget needs them); partitions dropped since are left out."""
+    key = str(replica.path)
+    taken, sizes = _SIZES.get(key, (float("-inf"), {}))
+    if fresh or now - taken >= SIZES_EVERY_S:
+        sizes = replica.partition_sizes()
+        _SIZES[key] = (now, sizes)
+    held = replica.partitions()
+    return {pid: size for pid, size in sizes.items() if pid in held}
 
 
 def _count_loads(stats: dict, reason: str, report) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from sink import columns as C
 from sink import metrics
 from sink.config import SinkConfig
 from sink.errors import CommitConflictError, PartitionLoadError, WriterIdReusedError
-from sink.executor import QUARANTINED, TaskContext, tag_batches
+from sink.executor import QUARANTINED, TaskContext, tag_batches, tag_locally
+from sink.index.loader import has_change_data_feed
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import SHARDS_PROPERTY
 from sink.prepare import prepare, tagged_schema, validate_stream
@@ -179,6 +181,7 @@ class UpsertSink:
             partition_ttl_hours=cfg.partition_ttl_hours,
             index_max_bytes=cfg.index_max_bytes,
             hot_cache_entries=cfg.hot_cache_entries,
+            change_data_feed=has_change_data_feed(self._target.table),
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -188,6 +191,8 @@ class UpsertSink:
         append_once(self.config.resolved_quarantine_uri, rows, [], self.writer_id, batch_id)
 
     def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema) -> pa.Table:
+        if self.config.tag_on == "driver":
+            return tag_locally(ctx, prepared.toArrow(), os.cpu_count() or 1)
         try:
             return (
                 prepared.repartition(ctx.num_shards, F.col(C.SHARD))

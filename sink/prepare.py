@@ -65,13 +65,14 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
     delete = F.coalesce(F.expr(cfg.delete_when), F.lit(False)) if cfg.delete_when else F.lit(False)
     # Arrival order breaks ordering ties inside a batch; for a file source it is
     # stable across re-evaluations of the batch.
-    return (
-        df.withColumn(C.SEQ, F.monotonically_increasing_id())
-        .withColumn(C.REASON, quarantine_reason(cfg))
-        .withColumn(C.KEY, F.expr(key_expr))
-        .withColumn(C.SHARD, F.expr(keys.spark_shard_expr(key_expr, num_shards)))
-        .withColumn(C.ORDERING, F.expr(keys.spark_ordering_expr(cfg.ordering, ordering_type)))
-        .withColumn(C.DELETE, delete)
+    return df.select(
+        "*",
+        F.monotonically_increasing_id().alias(C.SEQ),
+        quarantine_reason(cfg).alias(C.REASON),
+        F.expr(key_expr).alias(C.KEY),
+        F.expr(keys.spark_shard_expr(key_expr, num_shards)).alias(C.SHARD),
+        F.expr(keys.spark_ordering_expr(cfg.ordering, ordering_type)).alias(C.ORDERING),
+        delete.alias(C.DELETE),
     )
 
 

@@ -27,9 +27,10 @@ def frame(spark, events):
     return spark.createDataFrame(events, SCHEMA)
 
 
-@pytest.mark.parametrize("seed, shards", [(1, 2), (2, 3)])
-def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed, shards):
-    cfg = config(tmp_path, num_shards=shards)
+@pytest.mark.parametrize("seed, shards, tag_on", [(1, 2, "executors"), (2, 3, "executors"), (3, 2, "driver")])
+def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed, shards,
+                                                                                     tag_on):
+    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on)
     batches = random_batches(seed, batches=7, per_batch=300)
     sink = UpsertSink(cfg)
     for b, events in enumerate(batches):

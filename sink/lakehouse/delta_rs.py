@@ -128,12 +128,12 @@ def append_once(
 
     Returns True when it wrote.
     """
+    if rows.num_rows == 0:
+        return False
     if DeltaTable.is_deltatable(uri):
         done = DeltaTable(uri).transaction_version(app_id)
         if done is not None and done >= batch_id:
             return False
-    if rows.num_rows == 0:
-        return False
     write_deltalake(
         uri,
         rows,

@@ -1,0 +1,77 @@
+"""The Delta commit alone, by table size: append of 100k new keys vs a MERGE of 100k rows
+(half updates within the last 7 days) pruned to the changed partitions (the sink's) vs the
+same MERGE without the partition list."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from bench.workloads import WORKLOADS, Mix, write_batches, write_start_table
+
+RECENT_UPDATES = Mix("recent-updates", updates=0.5, late_share=0.0, deletes=0.0, stale=0.0)
+from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
+
+
+def _source(landing: Path, table_rows: int, mix: Mix, batch_rows: int) -> pa.Table:
+    write_batches(landing, mix, table_rows, 1, batch_rows, seed=5)
+    batch = pq.read_table(landing / "batch-0000.parquet")
+    # What the sink would write: new keys insert, known keys update (no deletes or stale here).
+    known = np.array([int(i.split("-")[1]) < table_rows for i in batch.column("id").to_pylist()])
+    return batch.append_column(WRITE_COLUMN, pa.array(np.where(known, "update", "insert")))
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def run(sizes: list[int], batch_rows: int, repeats: int, log=print) -> list[dict]:
+    out = []
+    for rows in sizes:
+        work = Path(tempfile.mkdtemp(prefix="commit-bench-"))
+        try:
+            write_start_table(str(work / "start"), rows)
+            inserts = _source(work / "ins", rows, WORKLOADS["insert-only"], batch_rows)
+            updates = _source(work / "upd", rows, RECENT_UPDATES, batch_rows)
+            figures: dict[str, list[float]] = {"append": [], "merge_pruned": [], "merge_unpruned": []}
+            for i in range(repeats):
+                for name in figures:
+                    uri = work / f"{name}-{i}"
+                    shutil.copytree(work / "start", uri)
+                    target = DeltaTarget(str(uri), ["dt"])
+                    target.open_or_create(inserts.schema)
+                    if name == "append":
+                        figures[name].append(_timed(lambda t=target: t.commit(
+                            inserts, ["id"], "event_time", "bench", 0, {}, True)))
+                    elif name == "merge_pruned":
+                        figures[name].append(_timed(lambda t=target: t.commit(
+                            updates, ["id"], "event_time", "bench", 0, {}, True)))
+                    else:
+                        figures[name].append(_timed(lambda u=uri: _unpruned_merge(str(u), updates)))
+                    shutil.rmtree(uri)
+            result = {"table_rows": rows, "batch_rows": batch_rows,
+                      **{k: [round(v, 3) for v in vs] for k, vs in figures.items()},
+                      **{f"{k}_median": round(statistics.median(vs), 3) for k, vs in figures.items()}}
+            log(f"commit {rows:,}: append {result['append_median']}s, pruned MERGE {result['merge_pruned_median']}s, "
+                f"unpruned MERGE {result['merge_unpruned_median']}s")
+            out.append(result)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _unpruned_merge(uri: str, source: pa.Table) -> None:
+    table = DeltaTable(uri)
+    cols = {f"`{c}`": f"s.`{c}`" for c in source.column_names if c != WRITE_COLUMN}
+    (table.merge(source, "t.id = s.id AND t.dt = s.dt", source_alias="s", target_alias="t")
+     .when_matched_update(updates=cols).when_not_matched_insert(updates=cols).execute())

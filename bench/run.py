@@ -1,0 +1,120 @@
+"""`make bench` / `make bench-quick`: every benchmark, one JSON and one PNG per run.
+
+    python -m bench.run --quick        # small sizes, a few minutes
+    python -m bench.run                # 1M, 5M and 10M-row tables (~15 min on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata as md
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import commit_bench, e2e, index_bench, tagging_bench
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+QUICK = {"sizes": [1_000_000], "workloads": ["events", "insert-only"], "batches": 3, "batch_rows": 100_000,
+         "tag_index_keys": 200_000, "index_partitions": 2, "index_keys_per_partition": 200_000,
+         "commit_sizes": [1_000_000], "commit_repeats": 1}
+FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000], "workloads": ["events", "insert-only", "update-heavy"],
+        "batches": 4, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,
+        "index_keys_per_partition": 1_000_000, "commit_sizes": [1_000_000, 5_000_000, 10_000_000],
+        "commit_repeats": 2}
+
+
+def machine() -> dict:
+    versions = {p: md.version(p) for p in ("pyspark", "deltalake", "rocksdict", "pyarrow", "xxhash")}
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "java": java, "versions": versions}
+
+
+def index_figures(partitions: int, per_partition: int) -> dict:
+    """bench.index_bench in a child process (it forks workers; keep them away from Spark)."""
+    out = subprocess.run([sys.executable, "-m", "bench.index_bench", "--partitions", str(partitions),
+                          "--keys-per-partition", str(per_partition), "--name", "index-run"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent)
+    path = out.stdout.strip().splitlines()[-1].removeprefix("written to ")
+    result = json.loads(Path(path).read_text())
+    Path(path).unlink()
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = result["e2e"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    labels = [f"{c['workload']}\n{c['table_rows'] // 1_000_000}M rows" for c in cases]
+    x = range(len(cases))
+    width = 0.27
+    for i, (name, color) in enumerate([("baseline", "#999999"), ("sink", "#1f77b4"), ("sink-driver", "#2ca02c")]):
+        axes[0].bar([p + (i - 1) * width for p in x], [c[name]["median_after_first"] for c in cases], width,
+                    label={"baseline": "hand-written MERGE", "sink": "sink (executor tagging)",
+                           "sink-driver": "sink (driver tagging)"}[name], color=color)
+    axes[0].set_xticks(list(x), labels, fontsize=8)
+    axes[0].set_ylabel("seconds per 100k-record batch (median)")
+    axes[0].set_title("End to end, side by side")
+    axes[0].legend(fontsize=8)
+    commits = result["commit"]
+    for key, label in [("append_median", "append"), ("merge_pruned_median", "MERGE, pruned"),
+                       ("merge_unpruned_median", "MERGE, unpruned")]:
+        axes[1].plot([c["table_rows"] / 1e6 for c in commits], [c[key] for c in commits], marker="o", label=label)
+    axes[1].set_xlabel("table rows (millions)")
+    axes[1].set_ylabel("seconds per commit (median)")
+    axes[1].set_title("The Delta commit alone (100k rows)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"{result['name']} {result['date']} - {result['machine']['cpus']} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    params = QUICK if args.quick else FULL
+    name = "quick" if args.quick else "full"
+    started = time.perf_counter()
+    result = {"name": name, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "parameters": params}
+    print(f"== tagging ({params['tag_index_keys']:,} keys indexed)", flush=True)
+    result["tagging"] = tagging_bench.run(params["tag_index_keys"], params["batch_rows"], 200_000)
+    print(f"== index ({params['index_partitions']} x {params['index_keys_per_partition']:,} keys)", flush=True)
+    result["index"] = index_figures(params["index_partitions"], params["index_keys_per_partition"])
+    print(f"== commit ({result['index']['bootstrap']['keys_per_second']:,} bootstrap keys/s above)", flush=True)
+    result["commit"] = commit_bench.run(params["commit_sizes"], params["batch_rows"], params["commit_repeats"])
+    print("== end to end", flush=True)
+    from jobs.spark_session import spark_session
+
+    spark = spark_session("bench", "local[2]", {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
+    try:
+        result["e2e"] = e2e.run(spark, work, params["sizes"], params["workloads"], params["batches"],
+                                params["batch_rows"], num_shards=2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    RESULTS.mkdir(exist_ok=True)
+    stem = RESULTS / f"{name}-{dt.date.today().isoformat()}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, stem.with_suffix(".png"))
+    print(f"written {stem}.json and {stem}.png in {result['seconds']}s")
+
+
+if __name__ == "__main__":
+    main()
