@@ -18,6 +18,7 @@ from sink.config import SinkConfig
 from sink.errors import SinkError
 from sink.executor import default_index_root
 from sink.index.catchup import catch_up
+from sink.index.entry import unpack_many
 from sink.index.lifecycle import ShardSource, bootstrap
 from sink.index.loader import read_partition
 from sink.index.replica import ShardReplica, replica_path, replica_spec
@@ -157,8 +158,8 @@ def verify(ctx: Context) -> list[dict]:
             if version is not None:
                 table = DeltaTable(cfg.table_uri, version=version)
                 for pid in sorted(replica.partitions()):
-                    keys, entries = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
-                    live = dict(zip(keys, (e.ordering for e in entries)))
+                    keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
+                    live = dict(zip(keys, unpack_many(raws)[1].tolist()))
                     held = dict(replica.entries(pid))
                     checked += len(held)
                     problems += _compare(pid, live, held)

@@ -62,6 +62,7 @@ class TaskContext:
     partition_ttl_hours: int = 168
     index_max_bytes: int | None = None
     hot_cache_entries: int = 0
+    block_cache_bytes: int = 64 << 20
     change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
 
     @property
@@ -177,7 +178,8 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
     started = time.perf_counter()
     pids = keys.partition_ids(rows, ctx.partition_cols)
     path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
-    with ShardReplica.open(path, ctx.spec, hot_cache_entries=ctx.hot_cache_entries) as replica:
+    with ShardReplica.open(path, ctx.spec, hot_cache_entries=ctx.hot_cache_entries,
+                           block_cache_bytes=ctx.block_cache_bytes) as replica:
         source = prepare_replica(ctx, replica, shard, stats)
         needed = pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]

@@ -181,6 +181,7 @@ class UpsertSink:
             partition_ttl_hours=cfg.partition_ttl_hours,
             index_max_bytes=cfg.index_max_bytes,
             hot_cache_entries=cfg.hot_cache_entries,
+            block_cache_bytes=cfg.index_block_cache_bytes,
             change_data_feed=has_change_data_feed(self._target.table),
         )
 

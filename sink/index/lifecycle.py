@@ -61,11 +61,11 @@ def load_partitions(
         error: Exception | None = None
         for _ in range(LOAD_ATTEMPTS):
             try:
-                keys, entries = read_partition(
+                keys, raws = read_partition(
                     source.table, source.tombstones, pid, source.key_cols, source.ordering,
                     source.shard, source.num_shards,
                 )
-                replica.load_partition(pid, keys, entries, reason=reason, now=now)
+                replica.load_packed(pid, keys, raws, reason=reason, now=now)
                 return len(keys)
             except Exception as e:  # retried, then reported with the partition's name
                 error = e

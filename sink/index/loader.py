@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sink import keys
-from sink.index.entry import Entry
+from sink.index.entry import Entry, pack_many
 from sink.lakehouse.predicates import partition_predicate
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
@@ -26,23 +27,39 @@ def read_partition(
     ordering: str,
     shard: int,
     num_shards: int,
-) -> tuple[list[bytes], list[Entry]]:
-    """Entries of partition `pid` for `shard`: live rows of `table` at its loaded version,
-    overlaid with tombstones newer than the row (or of keys the table lacks)."""
+) -> tuple[list[bytes], list[bytes]]:
+    """Keys and packed entries of partition `pid` for `shard`: live rows of `table` at its
+    loaded version, overlaid with tombstones newer than the row (or of keys the table
+    lacks). One entry per key; array operations throughout."""
     types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
     predicate = partition_predicate(keys.partition_values(pid), types)
     columns = [*key_cols, ordering]
-    rows = _shard_rows(pa.table(table.scan(columns=columns, predicate=predicate)), key_cols, shard, num_shards)
-    result = {k: Entry(o, False) for k, o in _pairs(rows, ordering)}
+    live = _key_orderings(pa.table(table.scan(columns=columns, predicate=predicate)), key_cols, ordering,
+                          shard, num_shards)
+    deleted = pa.array(np.zeros(live.num_rows, bool))
     if tombstones is not None:
-        deleted = _shard_rows(pa.table(tombstones.scan(columns=columns, predicate=predicate)),
-                              key_cols, shard, num_shards)
-        for k, o in _pairs(deleted, ordering):
-            current = result.get(k)
+        tomb = _key_orderings(pa.table(tombstones.scan(columns=columns, predicate=predicate)), key_cols, ordering,
+                              shard, num_shards)
+        if tomb.num_rows:
+            joined = live.join(tomb.rename_columns(["k", "t"]), "k", join_type="full outer")
+            row, dead = joined.column("o"), joined.column("t")
             # Equal ordering: the row stands (a delete that won a tie would have removed it).
-            if current is None or o > current.ordering:
-                result[k] = Entry(o, True)
-    return list(result.keys()), list(result.values())
+            deleted = pc.or_kleene(pc.is_null(row), pc.fill_null(pc.greater(dead, row), False))
+            live = pa.table({"k": joined.column("k"), "o": pc.if_else(deleted, dead, row)})
+    raws = pack_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False))
+    return live.column("k").to_pylist(), raws
+
+
+def _key_orderings(data: pa.Table, key_cols, ordering, shard, num_shards) -> pa.Table:
+    """(k: encoded key bytes, o: ordering) of this shard's rows, one row per key (the highest)."""
+    rows = _shard_rows(data, key_cols, shard, num_shards)
+    if rows is None:
+        return pa.table({"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64())})
+    out = pa.table({"k": rows.column(_KEY).cast(pa.binary()),
+                    "o": keys.ordering_values(rows.column(ordering)).cast(pa.int64())})
+    if pc.count_distinct(out.column("k")).as_py() != out.num_rows:
+        out = out.group_by("k").aggregate([("o", "max")]).rename_columns(["k", "o"])
+    return out
 
 
 def has_change_data_feed(table: DeltaTable) -> bool:

@@ -27,6 +27,8 @@ import pyarrow.compute as pc
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
+    Cache,
+    DataBlockIndexType,
     Options,
     Rdict,
     SstFileWriter,
@@ -68,12 +70,22 @@ def replica_path(index_root: str | os.PathLike[str], table_id: str, shard: int, 
     return Path(index_root) / table_id / f"shard-{shard}-of-{num_shards}"
 
 
-def _options() -> Options:
+DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
+# One block cache per size, shared by every replica of the process (it must outlive them).
+_BLOCK_CACHES: dict[int, Cache] = {}
+
+
+def _options(block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     table = BlockBasedOptions()
     # Most lookups in event streams miss: a bloom filter answers those without I/O.
     table.set_bloom_filter(10, False)
+    # Point lookups only: a hash index inside data blocks saves the binary search.
+    table.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
+    if block_cache_bytes not in _BLOCK_CACHES:
+        _BLOCK_CACHES[block_cache_bytes] = Cache(block_cache_bytes)
+    table.set_block_cache(_BLOCK_CACHES[block_cache_bytes])
     opts.set_block_based_table_factory(table)
     return opts
 
@@ -89,8 +101,10 @@ class PartitionInfo:
 class ShardReplica:
     """An open shard replica. Use `ShardReplica.open(...)` as a context manager."""
 
-    def __init__(self, path: Path, db: Rdict, read_only: bool = False, tier: HotTier | None = None):
+    def __init__(self, path: Path, db: Rdict, read_only: bool = False, tier: HotTier | None = None,
+                 block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES):
         self.path = path
+        self._block_cache_bytes = block_cache_bytes
         self._db = db
         self._lock = threading.Lock()
         self.read_only = read_only
@@ -121,7 +135,7 @@ class ShardReplica:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], spec: str, lock_timeout_s: float = 60.0,
-             hot_cache_entries: int = 0) -> ShardReplica:
+             hot_cache_entries: int = 0, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> ShardReplica:
         """Open (or create) the replica at `path` for the given key spec.
 
         A replica of another format or key spec, or one a killed process left dirty,
@@ -129,13 +143,14 @@ class ShardReplica:
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        db = _open_locked(path, lock_timeout_s)
-        replica = cls(path, db)
+        db = _open_locked(path, lock_timeout_s, block_cache_bytes)
+        replica = cls(path, db, block_cache_bytes=block_cache_bytes)
         if not replica._usable(spec):
             replica._close_db()
             shutil.rmtree(path)
             path.mkdir(parents=True)
-            replica = cls(path, _open_locked(path, lock_timeout_s))
+            replica = cls(path, _open_locked(path, lock_timeout_s, block_cache_bytes),
+                          block_cache_bytes=block_cache_bytes)
             replica._db[_META_FORMAT] = FORMAT_VERSION.encode()
             replica._db[_META_SPEC] = spec.encode()
         replica.tier = tier_for(str(path), hot_cache_entries, replica._db.get(_META_TOKEN))
@@ -220,7 +235,7 @@ class ShardReplica:
         with self._lock:
             self.drop_partition(pid)
             cf_name = PARTITION_CF_PREFIX + pid
-            cf = self._db.create_column_family(cf_name, _options())
+            cf = self._db.create_column_family(cf_name, _options(self._block_cache_bytes))
             try:
                 if len(keys) >= _SST_THRESHOLD:
                     self._ingest_sorted(cf, keys, raws)
@@ -238,7 +253,7 @@ class ShardReplica:
     def _ingest_sorted(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
         order = pc.sort_indices(pa.array(keys, pa.binary())).to_numpy()
         sst = self.path / f"ingest-{os.getpid()}-{threading.get_ident()}.sst"
-        writer = SstFileWriter(_options())
+        writer = SstFileWriter(_options(self._block_cache_bytes))
         writer.open(str(sst))
         for i in order.tolist():
             writer[keys[i]] = raws[i]
@@ -391,13 +406,13 @@ class ShardReplica:
                 del self._db[key]
 
 
-def _open_locked(path: Path, timeout_s: float) -> Rdict:
+def _open_locked(path: Path, timeout_s: float, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> Rdict:
     """Open read-write, waiting for another process's lock to go (a retried task)."""
     deadline = time.monotonic() + timeout_s
     delay = 0.05
     while True:
         try:
-            return Rdict(str(path), _options())
+            return Rdict(str(path), _options(block_cache_bytes))
         except Exception as e:  # rocksdict raises a bare Exception for IO errors
             if "lock" not in str(e).lower():
                 raise
