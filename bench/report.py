@@ -1,0 +1,44 @@
+"""Markdown tables from a bench/results JSON (what the README's Performance section quotes).
+
+    python -m bench.report bench/results/full-<date>.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def markdown(result: dict) -> str:
+    lines = ["| workload | table rows | hand-written MERGE | sink, executor tagging | sink, driver tagging |",
+             "|---|---:|---:|---:|---:|"]
+    for c in result["e2e"]:
+        lines.append(
+            f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {c['baseline']['median_after_first']:.2f} s "
+            f"| {c['sink']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink']:.2f}x) "
+            f"| {c['sink-driver']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink_driver']:.2f}x) |")
+    lines += ["", "| table rows | append | MERGE, pruned (sink) | MERGE, unpruned |", "|---:|---:|---:|---:|"]
+    for c in result["commit"]:
+        lines.append(f"| {c['table_rows'] // 1_000_000}M | {c['append_median']:.3f} s | "
+                     f"{c['merge_pruned_median']:.3f} s | {c['merge_unpruned_median']:.3f} s |")
+    t, i = result["tagging"], result["index"]
+    lines += [
+        "",
+        "| figure | measured |",
+        "|---|---:|",
+        f"| tagging, warm replica, {t['warm_memory_hit_share']:.0%} memory hits | {t['warm_hits_per_s']:,} records/s |",
+        f"| tagging, hits from RocksDB (memory tier off) | {t['cold_hits_per_s']:,} records/s |",
+        f"| tagging, misses (new keys) | {t['misses_per_s']:,} records/s |",
+        f"| tagging against a plain dict index | {t['dict_hits_per_s']:,} records/s |",
+        f"| bootstrap, {i['parameters']['partitions']} x {i['parameters']['keys_per_partition']:,} keys, "
+        f"{i['parameters']['shards']} shards | {i['bootstrap']['keys_per_second']:,} keys/s |",
+        f"| one cold {i['cold_partition']['keys']:,}-key partition | {i['cold_partition']['seconds']:.2f} s |",
+        f"| on-disk bytes per entry | {i['bootstrap']['bytes_per_entry']} |",
+        f"| warm restart: partitions loaded, seconds | {i['warm_restart']['partitions_loaded']}, "
+        f"{i['warm_restart']['seconds']:.3f} s |",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(json.loads(open(sys.argv[1]).read())))
