@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from bench.workloads import WORKLOADS, Mix, write_batches, write_start_table
+from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
 
 RECENT_UPDATES = Mix("recent-updates", updates=0.5, late_share=0.0, deletes=0.0, stale=0.0)
-from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
 
 
 def _source(landing: Path, table_rows: int, mix: Mix, batch_rows: int) -> pa.Table:
@@ -50,14 +50,12 @@ def run(sizes: list[int], batch_rows: int, repeats: int, log=print) -> list[dict
                     shutil.copytree(work / "start", uri)
                     target = DeltaTarget(str(uri), ["dt"])
                     target.open_or_create(inserts.schema)
-                    if name == "append":
-                        figures[name].append(_timed(lambda t=target: t.commit(
-                            inserts, ["id"], "event_time", "bench", 0, {}, True)))
-                    elif name == "merge_pruned":
-                        figures[name].append(_timed(lambda t=target: t.commit(
-                            updates, ["id"], "event_time", "bench", 0, {}, True)))
+                    if name == "merge_unpruned":
+                        figures[name].append(_timed(lambda u=uri, src=updates: _unpruned_merge(str(u), src)))
                     else:
-                        figures[name].append(_timed(lambda u=uri: _unpruned_merge(str(u), updates)))
+                        source = inserts if name == "append" else updates
+                        figures[name].append(_timed(lambda t=target, src=source: t.commit(
+                            src, ["id"], "event_time", "bench", 0, {}, True)))
                     shutil.rmtree(uri)
             result = {"table_rows": rows, "batch_rows": batch_rows,
                       **{k: [round(v, 3) for v in vs] for k, vs in figures.items()},

@@ -14,7 +14,6 @@ from bench.baseline import HandWrittenMerge
 from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
 from sink import SinkConfig, UpsertSink
 
-
 CONTENDERS = ("sink", "sink-driver", "baseline")
 
 

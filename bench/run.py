@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import commit_bench, e2e, index_bench, tagging_bench
+from bench import commit_bench, e2e, tagging_bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
