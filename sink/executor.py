@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -64,6 +65,7 @@ class TaskContext:
     hot_cache_entries: int = 0
     block_cache_bytes: int = 64 << 20
     change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
+    keep_open: bool = False  # tagging in the driver: replicas stay open between batches
 
     @property
     def spec(self) -> str:
@@ -178,8 +180,7 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
     started = time.perf_counter()
     pids = keys.partition_ids(rows, ctx.partition_cols)
     path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
-    with ShardReplica.open(path, ctx.spec, hot_cache_entries=ctx.hot_cache_entries,
-                           block_cache_bytes=ctx.block_cache_bytes) as replica:
+    with _replica(ctx, path) as replica:
         source = prepare_replica(ctx, replica, shard, stats)
         needed = pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]
@@ -209,6 +210,20 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         .append_column(C.HIT, result.hit)
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
     )
+
+
+@contextmanager
+def _replica(ctx: TaskContext, path):
+    options = {"hot_cache_entries": ctx.hot_cache_entries, "block_cache_bytes": ctx.block_cache_bytes}
+    if not ctx.keep_open:
+        with ShardReplica.open(path, ctx.spec, **options) as replica:
+            yield replica
+        return
+    replica = ShardReplica.acquire(path, ctx.spec, **options)
+    try:
+        yield replica
+    finally:
+        replica.flush()  # what readers beside this process (python -m sink verify) see
 
 
 _SIZES: dict[str, tuple[float, dict]] = {}

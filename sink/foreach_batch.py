@@ -183,6 +183,7 @@ class UpsertSink:
             hot_cache_entries=cfg.hot_cache_entries,
             block_cache_bytes=cfg.index_block_cache_bytes,
             change_data_feed=has_change_data_feed(self._target.table),
+            keep_open=cfg.tag_on == "driver",
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:

@@ -13,6 +13,7 @@ process: it is wiped, since memtable contents were lost with it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -166,22 +167,57 @@ class ShardReplica:
             and db.get(_META_DIRTY) != b"1"
         )
 
+    def flush(self) -> None:
+        """Write every column family's memtable to disk (the WAL is off)."""
+        for name in self._cf_names():
+            if name != "default":
+                cf = self._db.get_column_family(name)
+                cf.flush()
+                del cf
+        self._db.flush()
+
     def close(self) -> None:
         """Flush every column family, then mark the replica clean."""
         if self.read_only:
             self._close_db()
             return
-        for name in Rdict.list_cf(str(self.path), _options()):
-            if name != "default":
-                cf = self._db.get_column_family(name)
-                cf.flush()
-                del cf
+        self.flush()
         token = os.urandom(8)
         self._db[_META_TOKEN] = token
         self._db[_META_DIRTY] = b"0"
         self._db.flush()
         self.tier.token = token
         self._close_db()
+
+    # --- kept open by one process --------------------------------------------------------
+
+    @classmethod
+    def acquire(cls, path: str | os.PathLike[str], spec: str, **options) -> ShardReplica:
+        """The replica at `path`, kept open for this process across calls (tagging on the
+        driver: no other process uses it). Reopened when its directory was removed."""
+        key = str(path)
+        replica = _KEPT_OPEN.get(key)
+        if replica is not None and not (Path(path) / "CURRENT").exists():
+            replica._abandon()
+            replica = None
+        if replica is None:
+            if not _KEPT_OPEN:
+                atexit.register(close_kept_open)
+            replica = _KEPT_OPEN[key] = cls.open(path, spec, **options)
+        elif replica.spec != spec:
+            replica.close()
+            replica = _KEPT_OPEN[key] = cls.open(path, spec, **options)
+        replica.lookups = dict.fromkeys(replica.lookups, 0)
+        return replica
+
+    def _abandon(self) -> None:
+        """Let go of a replica whose directory is gone: nothing of it can be saved."""
+        _KEPT_OPEN.pop(str(self.path), None)
+        self.tier.clear()
+        try:
+            self._close_db()
+        except Exception:  # writing into a removed directory fails; the handle goes all the same
+            pass
 
     def _close_db(self) -> None:
         self._db.close()
@@ -404,6 +440,16 @@ class ShardReplica:
         for key in (_META_STAGED_DATA, _META_STAGED_BATCH):
             if self._db.get(key) is not None:
                 del self._db[key]
+
+
+_KEPT_OPEN: dict[str, ShardReplica] = {}
+
+
+def close_kept_open() -> None:
+    """Close the replicas `acquire` kept open (at exit, so they are found clean next time)."""
+    for replica in list(_KEPT_OPEN.values()):
+        _KEPT_OPEN.pop(str(replica.path), None)
+        replica.close()
 
 
 def _open_locked(path: Path, timeout_s: float, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> Rdict:

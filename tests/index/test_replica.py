@@ -1,7 +1,9 @@
+import shutil
+
 import pytest
 
 from sink.index.entry import Entry
-from sink.index.replica import ShardReplica, replica_path
+from sink.index.replica import ShardReplica, close_kept_open, replica_path
 
 SPEC = '{"key": ["id"]}'
 
@@ -92,3 +94,21 @@ def test_touch_updates_last_access(path):
         r.load_partition("p", [], [], reason="on_demand", now=1.0)
         r.touch(["p", "absent"], now=50.0)
         assert r.partitions()["p"].last_access == 50.0
+
+
+def test_acquire_keeps_a_replica_open_until_its_directory_goes(path):
+
+    first = ShardReplica.acquire(path, SPEC)
+    first.load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+    assert ShardReplica.acquire(path, SPEC) is first
+    first.flush()
+    with ShardReplica.open_read_only(path) as reader:  # what python -m sink verify sees beside it
+        assert reader.lookup("p", [b"a"]) == [Entry(1)]
+
+    shutil.rmtree(path)
+    again = ShardReplica.acquire(path, SPEC)
+    assert again is not first and again.partitions() == {}
+    again.load_partition("q", [b"b"], [Entry(2)], reason="on_demand")
+    close_kept_open()
+    with ShardReplica.open(path, SPEC) as reopened:  # closed clean: nothing is wiped
+        assert reopened.lookup("q", [b"b"]) == [Entry(2)]
