@@ -65,7 +65,7 @@ def plot(result: dict, path: Path) -> None:
         axes[0].bar([p + (i - 1) * width for p in x], [c[name]["median_after_first"] for c in cases], width,
                     label={"baseline": "hand-written MERGE", "sink": "sink (executor tagging)",
                            "sink-driver": "sink (driver tagging)"}[name], color=color)
-    axes[0].set_xticks(list(x), labels, fontsize=8)
+    axes[0].set_xticks(list(x), labels, fontsize=7, rotation=30, ha="right")
     axes[0].set_ylabel("seconds per 100k-record batch (median)")
     axes[0].set_title("End to end, side by side")
     axes[0].legend(fontsize=8)
