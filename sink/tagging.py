@@ -40,9 +40,6 @@ class TagResult:
     hit: pa.Array  # on the first record of each key: was the key in the index; null elsewhere
     changes: pa.Table  # CHANGES_SCHEMA: the entry after this batch of every key it changes
 
-    def count(self, op: str) -> int:
-        return pc.sum(pc.equal(self.op, op)).as_py() or 0
-
     def changes_dict(self) -> dict[str, dict[bytes, Entry]]:
         out: dict[str, dict[bytes, Entry]] = {}
         for row in self.changes.to_pylist():
