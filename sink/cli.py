@@ -120,8 +120,6 @@ def _bar(shard: int):
 def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
     cfg = ctx.cfg
     version = ctx.table.version()
-    tombstone_uri = cfg.resolved_tombstone_uri
-    tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
     spec = replica_spec(cfg.key, cfg.partition_by, cfg.ordering)
     results = []
     for shard in range(num_shards):
@@ -134,8 +132,8 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
                       file=sys.stderr)
                 results.append({"shard": shard, "loaded": 0, "keys": 0, "seconds": 0.0})
                 continue
-            source = ShardSource(DeltaTable(cfg.table_uri, version=version), tombstones, tuple(cfg.key),
-                                 cfg.ordering, shard, num_shards)
+            source = ShardSource.open(cfg.table_uri, cfg.resolved_tombstone_uri, version, cfg.key, cfg.ordering,
+                                      shard, num_shards)
             loaded = bootstrap(replica, source, cfg.partition_by, (cfg.partition_date, cfg.partition_date_format),
                                cfg.tiering_column, cfg.bootstrap_days, now, progress=_bar(shard))
             results.append({"shard": shard, "loaded": loaded.partitions, "keys": loaded.keys,

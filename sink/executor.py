@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from sink import columns as C
 from sink import keys
@@ -86,7 +85,7 @@ def default_index_root(driver_local_dir: str | None = None) -> str:
 def new_stats() -> dict:
     return {
         "shard_ids": [], "loads": {"bootstrap": 0, "on_demand": 0}, "load_seconds": 0.0, "loaded_keys": 0,
-        "commits_read": 0, "invalidated": 0, "applied": 0, "promoted": 0, "rebuilds": 0, "evicted": 0,
+        "commits_read": 0, "invalidated": 0, "evicted": 0,
         "lookups": {"memory": 0, "rocksdb": 0, "miss": 0}, "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
     }
@@ -131,12 +130,6 @@ def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table([tags[f.name] if f.name in tags else bad.column(f.name) for f in schema], schema=schema)
 
 
-def shard_source(ctx: TaskContext, shard: int) -> ShardSource:
-    tombstones = DeltaTable(ctx.tombstone_uri) if DeltaTable.is_deltatable(ctx.tombstone_uri) else None
-    return ShardSource(DeltaTable(ctx.table_uri, version=ctx.table_version), tombstones,
-                       ctx.key_cols, ctx.ordering, shard, ctx.num_shards)
-
-
 class LazySource:
     """The shard's Delta tables, opened on first use (most batches load nothing)."""
 
@@ -145,7 +138,9 @@ class LazySource:
 
     def get(self) -> ShardSource:
         if self._source is None:
-            self._source = shard_source(self._ctx, self._shard)
+            ctx = self._ctx
+            self._source = ShardSource.open(ctx.table_uri, ctx.tombstone_uri, ctx.table_version, ctx.key_cols,
+                                            ctx.ordering, self._shard, ctx.num_shards)
         return self._source
 
 
@@ -164,10 +159,7 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: 
     )
     stats["commits_read"] += report.commits_read
     stats["invalidated"] += len(report.invalidated)
-    stats["applied"] += report.applied
-    stats["promoted"] += report.promoted
     if report.rebuilt is not None:
-        stats["rebuilds"] += 1
         booted = bootstrap(
             replica, source.get(), ctx.partition_cols, (ctx.partition_date, ctx.partition_date_format),
             ctx.tiering_column, ctx.bootstrap_days, ctx.now,

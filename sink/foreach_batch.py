@@ -86,6 +86,9 @@ class UpsertSink:
         self._validated = None
         metrics.serve(config.metrics_port)
 
+    def _num_shards(self, batch_df: DataFrame) -> int:
+        return self.config.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
+
     def validate(self, df: DataFrame) -> None:
         """Check the stream against the config; the job calls it before starting the query."""
         if self._validated != df.schema:
@@ -112,7 +115,7 @@ class UpsertSink:
             report.mode = "skipped"
             report.table_version = self._target.version()
         else:
-            num_shards = cfg.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
+            num_shards = self._num_shards(batch_df)
             self._process(prepare(batch_df, cfg, num_shards), batch_df, batch_id, num_shards, report)
         report.total_seconds = time.perf_counter() - started
         metrics.publish(self.writer_id, report)
@@ -257,8 +260,7 @@ class UpsertSink:
         cfg = self.config
         if not cfg.delete_when:
             return
-        num_shards = cfg.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
-        deletes = prepare(batch_df, cfg, num_shards).filter(F.col(C.REASON).isNull() & F.col(C.DELETE))
+        deletes = prepare(batch_df, cfg, self._num_shards(batch_df)).filter(F.col(C.REASON).isNull() & F.col(C.DELETE))
         self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow(), batch_id)
 
     def _append_tombstones(self, deletes: pa.Table, batch_id: int) -> None:

@@ -37,6 +37,13 @@ class ShardSource:
     shard: int
     num_shards: int
 
+    @classmethod
+    def open(cls, table_uri: str, tombstone_uri: str, version: int, key_cols, ordering: str, shard: int,
+             num_shards: int) -> ShardSource:
+        """The table at `version` and the tombstone table, if there is one yet."""
+        tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
+        return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols), ordering, shard, num_shards)
+
 
 @dataclass
 class LoadReport:
