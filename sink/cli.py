@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 from sink.config import SinkConfig
 from sink.errors import SinkError
 from sink.executor import default_index_root
+from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.entry import unpack_many
 from sink.index.lifecycle import ShardSource, bootstrap
@@ -125,8 +126,12 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
     for shard in range(num_shards):
         path = replica_path(ctx.index_root, ctx.table.metadata().id, shard, num_shards)
         with ShardReplica.open(path, spec) as replica:
+            def own_changes(v: int, batch: int, shard=shard):
+                header = changelog.Header(cfg.resolved_writer_id, batch, num_shards, spec)
+                return changelog.read(cfg.resolved_changelog_uri, v, header, shard)
+
             report = catch_up(replica, version, lambda v: read_commit(cfg.table_uri, v, cfg.partition_by),
-                              cfg.resolved_writer_id, shard)
+                              cfg.resolved_writer_id, shard, read_changelog=own_changes, num_shards=num_shards)
             if report.rebuilt is None:
                 print(f"shard {shard}: warm at version {version}, {len(replica.partitions())} partitions held",
                       file=sys.stderr)

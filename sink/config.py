@@ -59,6 +59,10 @@ class SinkConfig:
     quarantine_table_uri: str | None = None
     # Deleted keys and their ordering, so a late older update stays deleted after a reload.
     tombstone_table_uri: str | None = None
+    # Index entries of each batch by shard, so a replica that did not tag a batch (the shard's
+    # task ran on another executor) catches up without reloading; kept for this many table versions.
+    changelog_uri: str | None = None
+    changelog_retention_versions: int = 1000
     max_commit_retries: int = 3
 
     def __post_init__(self) -> None:
@@ -125,6 +129,7 @@ class SinkConfig:
             _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)
         _require_int("metrics_port", self.metrics_port, 0, 65535)
         _require_int("max_commit_retries", self.max_commit_retries, 0, 100)
+        _require_int("changelog_retention_versions", self.changelog_retention_versions, 1, 10_000_000)
         if self.writer_id is not None:
             _require_str("writer_id", self.writer_id)
         if self.writer_id is None and self.checkpoint_dir is None:
@@ -171,11 +176,16 @@ class SinkConfig:
         return self.tombstone_table_uri or _sibling(self.table_uri, "_tombstones")
 
     @property
+    def resolved_changelog_uri(self) -> str:
+        return self.changelog_uri or _sibling(self.table_uri, "_index_changelog")
+
+    @property
     def incoming_wins_ties(self) -> bool:
         return self.ties == "incoming"
 
 
-_PATH_KEYS = ("table_uri", "checkpoint_dir", "index_dir", "quarantine_table_uri", "tombstone_table_uri")
+_PATH_KEYS = ("table_uri", "checkpoint_dir", "index_dir", "quarantine_table_uri", "tombstone_table_uri",
+              "changelog_uri")
 
 
 def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:

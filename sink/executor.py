@@ -10,6 +10,7 @@ id and evicts cold partitions. It yields the tagged records and one stats row.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 
 from sink import columns as C
 from sink import keys
+from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import read_changes
@@ -50,7 +52,7 @@ class TaskContext:
     ordering: str
     num_shards: int
     incoming_wins_ties: bool
-    # The task's output: the stream's own columns, then REASON, DELETE, OP, WRITE, HIT, STATS.
+    # The task's output: the stream's own columns, then the columns of `tagged_schema`.
     output_schema: pa.Schema
     now: float  # the driver's clock at batch start (TTLs, access times)
     index_dir: str | None = None  # configured; else under this executor's Spark local dir
@@ -65,6 +67,7 @@ class TaskContext:
     block_cache_bytes: int = 64 << 20
     change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
     keep_open: bool = False  # tagging in the driver: replicas stay open between batches
+    changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
 
     @property
     def spec(self) -> str:
@@ -73,19 +76,39 @@ class TaskContext:
     def index_root(self) -> str:
         return self.index_dir or default_index_root(self.driver_local_dir)
 
+    def changelog_header(self) -> changelog.Header:
+        return changelog.Header(self.writer_id, self.batch_id, self.num_shards, self.spec)
 
-def default_index_root(driver_local_dir: str | None = None) -> str:
-    """Under Spark's local dir on this executor (SPARK_LOCAL_DIRS, set by cluster managers),
-    else the driver's spark.local.dir, else the system temp dir; never bare /tmp itself."""
-    local_dirs = os.environ.get("SPARK_LOCAL_DIRS") or driver_local_dir
-    base = local_dirs.split(",")[0] if local_dirs else tempfile.gettempdir()
-    return os.path.join(base, INDEX_SUBDIR)
+
+def spark_local_dirs(env: dict[str, str] | None = None) -> list[str]:
+    """This process's Spark local dirs, found the way Spark finds them: YARN's LOCAL_DIRS in a
+    YARN container, else SPARK_EXECUTOR_DIRS (standalone workers), else SPARK_LOCAL_DIRS
+    (Kubernetes, and what PySpark hands its workers). Each executor has its own."""
+    env = os.environ if env is None else env
+    if env.get("CONTAINER_ID") and env.get("LOCAL_DIRS"):
+        dirs = env["LOCAL_DIRS"].split(",")
+    elif env.get("SPARK_EXECUTOR_DIRS"):
+        dirs = env["SPARK_EXECUTOR_DIRS"].split(os.pathsep)
+    else:
+        dirs = env.get("SPARK_LOCAL_DIRS", "").split(",")
+    return [d for d in dirs if d]
+
+
+def default_index_root(driver_local_dir: str | None = None, env: dict[str, str] | None = None) -> str:
+    """Under this executor's first Spark local dir, else the driver's spark.local.dir, else the
+    system temp dir; never bare /tmp itself."""
+    dirs = spark_local_dirs(env) or [d for d in (driver_local_dir or "").split(",") if d]
+    return os.path.join(dirs[0] if dirs else tempfile.gettempdir(), INDEX_SUBDIR)
+
+
+# Why partitions load: a new replica's hot window, first use, or a commit that changed them.
+LOAD_REASONS = ("bootstrap", "on_demand", "invalidated")
 
 
 def new_stats() -> dict:
     return {
-        "shard_ids": [], "loads": {"bootstrap": 0, "on_demand": 0}, "load_seconds": 0.0, "loaded_keys": 0,
-        "commits_read": 0, "invalidated": 0, "evicted": 0,
+        "shard_ids": [], "loads": dict.fromkeys(LOAD_REASONS, 0), "load_seconds": 0.0, "loaded_keys": 0,
+        "commits_read": 0, "invalidated": 0, "evicted": 0, "rebuilt": 0, "shard_moves": 0, "changelog_applied": 0,
         "lookups": {"memory": 0, "rocksdb": 0, "miss": 0}, "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
     }
@@ -147,24 +170,31 @@ class LazySource:
 def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: dict) -> LazySource:
     """Catch the replica up to the batch's table version; bootstrap it if it was emptied."""
     source = LazySource(ctx, shard)
-    changes = None
+    changes = own_changes = None
     if ctx.change_data_feed:
         def changes(v: int):
             return read_changes(source.get().table, v, ctx.key_cols, ctx.partition_cols, ctx.ordering,
                                 shard, ctx.num_shards)
+    if ctx.changelog_uri:
+        def own_changes(version: int, batch: int):
+            header = dataclasses.replace(ctx.changelog_header(), batch_id=batch)
+            return changelog.read(ctx.changelog_uri, version, header, shard)
     report = catch_up(
         replica, ctx.table_version,
         lambda v: read_commit(ctx.table_uri, v, list(ctx.partition_cols)),
-        ctx.writer_id, shard, changes,
+        ctx.writer_id, shard, changes, own_changes, ctx.num_shards,
     )
     stats["commits_read"] += report.commits_read
     stats["invalidated"] += len(report.invalidated)
+    stats["changelog_applied"] += report.changelog_applied
+    stats["shard_moves"] += report.moved_batches > 0
     if report.rebuilt is not None:
+        stats["rebuilt"] += 1
         booted = bootstrap(
             replica, source.get(), ctx.partition_cols, (ctx.partition_date, ctx.partition_date_format),
             ctx.tiering_column, ctx.bootstrap_days, ctx.now,
         )
-        _count_loads(stats, "bootstrap", booted)
+        _count_loads(stats, {"bootstrap": booted.partitions}, booted)
     return source
 
 
@@ -177,15 +207,18 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         needed = pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]
         if missing:
-            _count_loads(stats, "on_demand", load_partitions(replica, source.get(), missing, "on_demand",
-                                                             now=ctx.now))
+            invalidated = {p for p in missing if replica.was_invalidated(p)}
+            loaded = load_partitions(replica, source.get(), missing,
+                                     lambda p: "invalidated" if p in invalidated else "on_demand", now=ctx.now)
+            _count_loads(stats, {"invalidated": len(invalidated), "on_demand": len(missing) - len(invalidated)},
+                         loaded)
         replica.touch(needed, ctx.now)
         result = tag(
             rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
             rows.column(C.DELETE).combine_chunks(), rows.column(C.SEQ).combine_chunks(),
             replica.lookup_packed, ctx.incoming_wins_ties,
         )
-        replica.stage(ctx.batch_id, result.changes)
+        replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
         stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes, set(needed)))
@@ -195,7 +228,8 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         stats["cached_bytes"] += sum(b for _, b in sizes.values())
     stats["shard_ids"].append(shard)
     stats["tag_seconds"] += time.perf_counter() - started
-    kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [C.REASON, C.DELETE]
+    kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [C.REASON, C.DELETE, C.KEY, C.SHARD,
+                                                                             C.ORDERING]
     return (
         rows.select(kept).append_column(C.OP, result.op)
         .append_column(C.WRITE, result.write)
@@ -235,8 +269,10 @@ def _sizes(replica: ShardReplica, now: float, fresh: bool) -> dict[str, tuple[in
     return {pid: size for pid, size in sizes.items() if pid in held}
 
 
-def _count_loads(stats: dict, reason: str, report) -> None:
-    stats["loads"][reason] += report.partitions
+def _count_loads(stats: dict, partitions: dict[str, int], report) -> None:
+    """Count one load: its partitions by reason, its keys and seconds."""
+    for reason, n in partitions.items():
+        stats["loads"][reason] += n
     stats["load_seconds"] += report.seconds
     stats["loaded_keys"] += report.keys
 

@@ -17,15 +17,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sink import columns as C
-from sink import metrics
+from sink import keys, metrics
 from sink.config import SinkConfig
 from sink.errors import CommitConflictError, PartitionLoadError, WriterIdReusedError
-from sink.executor import QUARANTINED, TaskContext, tag_batches, tag_locally
+from sink.executor import LOAD_REASONS, QUARANTINED, TaskContext, tag_batches, tag_locally
+from sink.index import changelog
 from sink.index.loader import has_change_data_feed
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
-from sink.lakehouse.log import SHARDS_PROPERTY
+from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.prepare import prepare, tagged_schema, validate_stream
-from sink.tagging import OPS
+from sink.tagging import DELETE, OPS, TOMBSTONE
 
 log = logging.getLogger("sink")
 
@@ -43,11 +44,16 @@ class BatchReport:
     hits: int = 0
     misses: int = 0
     memory_hits: int = 0  # of the hits, answered by the in-memory tier
-    partition_loads: dict[str, int] = field(default_factory=lambda: {"bootstrap": 0, "on_demand": 0})
+    partition_loads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOAD_REASONS, 0))
     load_seconds: float = 0.0
     loaded_keys: int = 0
     commits_read: int = 0
     invalidated: int = 0
+    replicas_rebuilt: int = 0  # replicas found new or unusable, bootstrapped
+    # Shard replicas behind on batches this writer tagged on other executors, and the
+    # changelog entries they applied to catch up.
+    shard_moves: int = 0
+    changelog_applied: int = 0
     evicted: int = 0
     partitions_held: int = 0
     cached_records: int = 0
@@ -67,7 +73,8 @@ class BatchReport:
         return (
             f"batch={self.batch_id} in={self.records_in} inserted={o['insert']} updated={o['update']} "
             f"deleted={o['delete']} stale={o['stale']} quarantined={o['quarantined']} "
-            f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} mode={self.mode} "
+            f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
+            f"moves={self.shard_moves} mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
             f"commit_s={self.commit_seconds:.2f} total_s={self.total_seconds:.2f}"
         )
@@ -84,6 +91,9 @@ class UpsertSink:
         self.reports: list[BatchReport] = []
         self._target = DeltaTarget(config.table_uri, config.partition_by)
         self._validated = None
+        # Other executors may tag a shard's next batch: they catch up from the changelog.
+        self._changelog_uri = config.resolved_changelog_uri if config.tag_on == "executors" else None
+        self._changelog_swept: int | None = None  # version at the last retention sweep
         metrics.serve(config.metrics_port)
 
     def _num_shards(self, batch_df: DataFrame) -> int:
@@ -140,7 +150,9 @@ class UpsertSink:
                 self._quarantine(records, batch_df.columns, batch_id)
             commit_started = time.perf_counter()
             try:
-                self._commit(records, batch_id, shards, report)
+                self._commit(records, ctx, shards, report)
+                if self._changelog_uri and report.mode in ("append", "merge"):
+                    self._write_changelog(records, ctx, report.table_version)
                 report.commit_seconds += time.perf_counter() - commit_started
                 break
             except CommitFailedError as e:
@@ -187,6 +199,7 @@ class UpsertSink:
             block_cache_bytes=cfg.index_block_cache_bytes,
             change_data_feed=has_change_data_feed(self._target.table),
             keep_open=cfg.tag_on == "driver",
+            changelog_uri=self._changelog_uri,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -228,32 +241,57 @@ class UpsertSink:
         report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
         report.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
-                     "partitions_held", "cached_records", "cached_bytes"):
+                     "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(report, name, sum(s[name] for s in stats_rows))
+        report.replicas_rebuilt = sum(s["rebuilt"] for s in stats_rows)
         shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
         return records, shards
 
-    def _commit(self, records: pa.Table, batch_id: int, shards: list[int], report: BatchReport) -> None:
+    def _commit(self, records: pa.Table, ctx: TaskContext, shards: list[int], report: BatchReport) -> None:
         writes = records.filter(pc.is_valid(records.column(C.WRITE)))
         if writes.num_rows == 0:
             report.mode = "none"
             report.table_version = self._target.version()
             return
-        rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE]).append_column(
-            WRITE_COLUMN, writes.column(C.WRITE)
-        )
+        rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE, C.KEY, C.SHARD,
+                                    C.ORDERING]).append_column(WRITE_COLUMN, writes.column(C.WRITE))
         outcome = self._target.commit(
             rows,
             key_cols=self.config.key,
             ordering=self.config.ordering,
             app_id=self.writer_id,
-            batch_id=batch_id,
-            custom_metadata={SHARDS_PROPERTY: ",".join(map(str, shards))},
+            batch_id=ctx.batch_id,
+            custom_metadata={SHARDS_PROPERTY: ",".join(map(str, shards)), NUM_SHARDS_PROPERTY: str(ctx.num_shards),
+                             READ_VERSION_PROPERTY: str(ctx.table_version)},
             incoming_wins_ties=self.config.incoming_wins_ties,
         )
         report.mode = outcome.mode
         report.table_version = outcome.version
         report.merge_partitions = outcome.merge_partitions
+
+    def _write_changelog(self, records: pa.Table, ctx: TaskContext, version: int) -> None:
+        """The index entry after this batch of every key it changed, by shard (what each
+        tagging task staged), under the version the batch landed at; then retention."""
+        writes = records.filter(pc.is_valid(records.column(C.WRITE)))
+        write = writes.column(C.WRITE)
+        entries = pa.table({
+            "shard": writes.column(C.SHARD).cast(pa.int32()),
+            "pid": keys.partition_ids(writes, self.config.partition_by),
+            "key": writes.column(C.KEY).cast(pa.binary()),
+            "ordering": writes.column(C.ORDERING),
+            "deleted": pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE)),
+        })
+        try:
+            changelog.write(self._changelog_uri, version, ctx.changelog_header(), entries)
+            retention = self.config.changelog_retention_versions
+            # One listing per tenth of the window (and at the first batch) keeps the folder bounded.
+            if self._changelog_swept is None or version - self._changelog_swept >= max(1, retention // 10):
+                changelog.expire(self._changelog_uri, version - retention)
+                self._changelog_swept = version
+        except OSError as e:
+            # The batch is committed; replicas that miss it reload what it touched instead.
+            log.warning("batch %s: index changelog not written to %s (%s); shards that move will reload "
+                        "the partitions this batch touched", ctx.batch_id, self._changelog_uri, e)
 
     def _write_tombstones(self, batch_df: DataFrame, batch_id: int) -> None:
         """On a replayed batch whose main commit is done: make sure its tombstones are too."""

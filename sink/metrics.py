@@ -15,7 +15,16 @@ LOOKUPS = Counter(
     [*_LABEL, "result", "tier"],
 )
 PARTITION_LOADS = Counter(
-    "upsert_sink_index_partition_loads", "Partitions loaded into replicas", [*_LABEL, "reason"]
+    "upsert_sink_index_partition_loads", "Partitions loaded into replicas, by cause: bootstrap, on_demand, invalidated",
+    [*_LABEL, "reason"],
+)
+SHARD_MOVES = Counter(
+    "upsert_sink_index_shard_moves",
+    "Shard replicas found behind on batches of this writer tagged on another executor", _LABEL,
+)
+CHANGELOG_APPLIED = Counter(
+    "upsert_sink_index_changelog_entries_applied", "Index changelog entries applied by catching-up replicas",
+    _LABEL,
 )
 LOAD_FAILURES = Counter(
     "upsert_sink_index_load_failures", "Batches failed by a partition that would not load", _LABEL
@@ -75,6 +84,8 @@ def publish(sink: str, report) -> None:
     LOOKUPS.labels(sink, "miss", "rocksdb").inc(report.misses)
     for reason, n in report.partition_loads.items():
         PARTITION_LOADS.labels(sink, reason).inc(n)
+    SHARD_MOVES.labels(sink).inc(report.shard_moves)
+    CHANGELOG_APPLIED.labels(sink).inc(report.changelog_applied)
     if any(report.partition_loads.values()):
         LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)
     COMMIT_RETRIES.labels(sink).inc(report.retries)

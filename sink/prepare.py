@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from sink import columns as C
 from sink import keys
@@ -78,11 +78,15 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
 
 def tagged_schema(stream_schema: StructType) -> StructType:
     """What the tagging task returns: the stream's columns (nullable), the quarantine reason,
-    the delete flag and the tags."""
+    the delete flag, encoded key, shard and ordering value (the driver's changelog needs
+    them) and the tags."""
     fields = [StructField(f.name, f.dataType, True) for f in stream_schema.fields]
     fields += [
         StructField(C.REASON, StringType(), True),
         StructField(C.DELETE, BooleanType(), True),
+        StructField(C.KEY, StringType(), True),
+        StructField(C.SHARD, LongType(), True),
+        StructField(C.ORDERING, LongType(), True),
         StructField(C.OP, StringType(), True),
         StructField(C.WRITE, StringType(), True),
         StructField(C.HIT, BooleanType(), True),

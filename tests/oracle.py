@@ -23,8 +23,9 @@ class Event(NamedTuple):
 SCHEMA = "id string, dt string, ts long, op string, v string"
 
 
-def expected_rows(batches: list[list[Event]]) -> list[dict]:
-    best: dict[tuple, tuple] = {}
+def _winners(batches: list[list[Event]]) -> dict[tuple, tuple[tuple, Event]]:
+    """Per (partition, key): the winning record and its rank (ordering, batch, position)."""
+    best: dict[tuple, tuple[tuple, Event]] = {}
     for b, events in enumerate(batches):
         for pos, e in enumerate(events):
             if e.id is None or e.dt is None or e.ts is None:
@@ -33,8 +34,18 @@ def expected_rows(batches: list[list[Event]]) -> list[dict]:
             key = (e.dt, e.id)
             if key not in best or rank > best[key][0]:
                 best[key] = (rank, e)
-    live = [e for _, e in best.values() if e.op != "d"]
+    return best
+
+
+def expected_rows(batches: list[list[Event]]) -> list[dict]:
+    live = [e for _, e in _winners(batches).values() if e.op != "d"]
     return sorted((e._asdict() for e in live), key=lambda r: (r["dt"], r["id"]))
+
+
+def changed_keys(batches: list[list[Event]], batch: int) -> int:
+    """Keys whose winning record (live or delete) after `batch` came from `batch`: the index
+    entries that batch changed."""
+    return sum(rank[1] == batch for rank, _ in _winners(batches[: batch + 1]).values())
 
 
 def random_batches(seed: int, batches: int, per_batch: int, keys: int = 150, days: int = 4,

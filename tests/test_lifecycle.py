@@ -1,6 +1,7 @@
 """The replica lifecycle through the sink: bootstrap, warm restarts, foreign commits."""
 
 import datetime as dt
+import os
 
 import pyarrow as pa
 import pytest
@@ -57,7 +58,7 @@ def test_fresh_start_bootstraps_the_hot_window_and_loads_an_old_partition_on_dem
     sink = sink_for(cfg)
     sink(batch(spark, ("k40-1", day(40), at(40, 5), "u", "late update"), ("new", day(40), at(40), "u", "n")), 0)
     report = sink.reports[-1]
-    assert report.partition_loads == {"bootstrap": 7, "on_demand": 1}
+    assert report.partition_loads == {"bootstrap": 7, "on_demand": 1, "invalidated": 0}
     assert report.ops["update"] == 1 and report.ops["insert"] == 1
     assert report.hits == 1 and report.misses == 1
     table = rows_of(cfg.table_uri)
@@ -69,7 +70,7 @@ def test_fresh_start_bootstraps_the_hot_window_and_loads_an_old_partition_on_dem
     restarted = sink_for(cfg)
     restarted(batch(spark, ("k40-2", day(40), at(40, 5), "u", "x"), ("k0-1", day(0), at(0, 5), "u", "y")), 1)
     report = restarted.reports[-1]
-    assert report.partition_loads == {"bootstrap": 0, "on_demand": 0}
+    assert report.partition_loads == {"bootstrap": 0, "on_demand": 0, "invalidated": 0}
     assert report.commits_read == 1 and report.hits == 2
     verify_replicas(cfg)
 
@@ -96,10 +97,11 @@ def test_a_foreign_commit_is_caught_up_exactly(spark, cfg, cdf):
     assert report.commits_read == 2  # our batch 0, then the foreign merge
     if cdf:
         # The change feed is applied row by row: nothing is dropped or reloaded.
-        assert (report.invalidated, report.partition_loads["on_demand"]) == (0, 0)
+        assert (report.invalidated, report.partition_loads["invalidated"]) == (0, 0)
     else:
         # Exactly the two partitions the foreign merge touched are dropped and reload.
-        assert (report.invalidated, report.partition_loads["on_demand"]) == (2, 2)
+        assert (report.invalidated, report.partition_loads["invalidated"]) == (2, 2)
+    assert report.partition_loads["on_demand"] == 0
     assert report.ops == {"insert": 0, "update": 2, "delete": 0, "stale": 1, "quarantined": 0}
     table = rows_of(cfg.table_uri)
     assert table[(day(2), "k2-0")] == (at(2, 30), "foreign")
@@ -121,10 +123,22 @@ def test_partitions_idle_past_the_ttl_are_evicted(spark, cfg):
     assert sink.reports[-1].partitions_held == 1
 
 
-def test_default_index_dir_is_under_spark_local_dir(monkeypatch):
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", "/disk1/spark,/disk2/spark")
-    assert default_index_root("/ignored") == "/disk1/spark/upsert-sink-index"
-    monkeypatch.delenv("SPARK_LOCAL_DIRS")
-    assert default_index_root("/data/local") == "/data/local/upsert-sink-index"
-    assert default_index_root(None).endswith("/upsert-sink-index")
-    assert default_index_root(None) != "/tmp"
+@pytest.mark.parametrize("env, root", [
+    # YARN: the container's LOCAL_DIRS.
+    ({"CONTAINER_ID": "container_1", "LOCAL_DIRS": "/yarn/a/app_1,/yarn/b/app_1", "SPARK_LOCAL_DIRS": "/x"},
+     "/yarn/a/app_1"),
+    # Standalone: the worker's per-executor dirs (path-separated), before what PySpark hands workers.
+    ({"SPARK_EXECUTOR_DIRS": os.pathsep.join(["/w/app-1/0", "/w2/app-1/0"]), "SPARK_LOCAL_DIRS": "/w/app-1/0/bm"},
+     "/w/app-1/0"),
+    # Kubernetes (and any PySpark worker): SPARK_LOCAL_DIRS.
+    ({"SPARK_LOCAL_DIRS": "/disk1/spark,/disk2/spark"}, "/disk1/spark"),
+    # LOCAL_DIRS outside a YARN container is not Spark's.
+    ({"LOCAL_DIRS": "/not/yarn"}, "/data/local"),
+])
+def test_default_index_dir_follows_sparks_local_dir_conventions(env, root):
+    assert default_index_root("/data/local", env) == os.path.join(root, "upsert-sink-index")
+
+
+def test_default_index_dir_without_spark_dirs_is_never_bare_tmp():
+    assert default_index_root(None, {}).endswith("/upsert-sink-index")
+    assert default_index_root(None, {}) != "/tmp"

@@ -19,7 +19,9 @@ def test_two_sinks_share_one_endpoint_told_apart_by_label():
     a = BatchReport(0, ops={"insert": 3, "update": 0, "delete": 0, "stale": 0, "quarantined": 0}, mode="append",
                     table_version=1, hits=0, misses=3)
     b = BatchReport(0, ops={"insert": 0, "update": 2, "delete": 1, "stale": 4, "quarantined": 0}, mode="merge",
-                    table_version=9, hits=7, misses=0, partition_loads={"bootstrap": 5, "on_demand": 2})
+                    table_version=9, hits=7, misses=0,
+                    partition_loads={"bootstrap": 5, "on_demand": 2, "invalidated": 4}, shard_moves=3,
+                    changelog_applied=120)
     metrics.publish("label-a", a)
     metrics.publish("label-b", b)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -28,6 +30,9 @@ def test_two_sinks_share_one_endpoint_told_apart_by_label():
     assert 'upsert_sink_records_total{op="stale",sink="label-b"} 4.0' in lines
     assert 'upsert_sink_index_lookups_total{result="hit",sink="label-b",tier="rocksdb"} 7.0' in lines
     assert 'upsert_sink_index_partition_loads_total{reason="bootstrap",sink="label-b"} 5.0' in lines
+    assert 'upsert_sink_index_partition_loads_total{reason="invalidated",sink="label-b"} 4.0' in lines
+    assert 'upsert_sink_index_shard_moves_total{sink="label-b"} 3.0' in lines
+    assert 'upsert_sink_index_changelog_entries_applied_total{sink="label-b"} 120.0' in lines
     assert 'upsert_sink_table_version{sink="label-a"} 1.0' in lines
     assert 'upsert_sink_table_version{sink="label-b"} 9.0' in lines
     assert 'upsert_sink_commits_total{mode="merge",sink="label-b"} 1.0' in lines

@@ -5,14 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from sink.index.entry import Entry
 from sink.index.replica import ShardReplica
-from sink.lakehouse.log import CommitSummary
+from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, CommitSummary
 
 ReadCommit = Callable[[int], CommitSummary | None]
 # Row-level changes of one commit for this shard (partition id -> key -> entry), or None
 # when the table has no change data feed for it.
 ReadChanges = Callable[[int], dict[str, dict[bytes, Entry]] | None]
+# This shard's index entries (CHANGES_SCHEMA) of one of this writer's commits, from the
+# changelog: (version, batch id) -> entries, or None when the changelog does not have them.
+ReadChangelog = Callable[[int, int], pa.Table | None]
 
 
 @dataclass
@@ -21,6 +26,9 @@ class CatchUpReport:
     promoted: int = 0
     invalidated: set[str] = field(default_factory=set)
     applied: int = 0  # entries taken from the change data feed
+    changelog_applied: int = 0  # entries taken from the index changelog
+    # This writer's batches for this shard that were tagged on another executor.
+    moved_batches: int = 0
     rebuilt: str | None = None  # why the replica was emptied, if it was
 
 
@@ -31,15 +39,21 @@ def catch_up(
     writer_id: str,
     shard: int,
     read_changes: ReadChanges | None = None,
+    read_changelog: ReadChangelog | None = None,
+    num_shards: int | None = None,
 ) -> CatchUpReport:
     """Apply commits (replica version, target] to the replica.
 
-    The commit carrying this replica's staged batch promotes it; a sink commit whose
-    batch had no records in this shard changes nothing here; any other commit drops
-    the partitions it touched (they reload on demand) or, when `read_changes` gives the
-    commit's row-level changes (change data feed), applies them instead. A missing log entry, or a
-    replica ahead of the target, empties the replica. Whatever is still staged at
-    the end belongs to a batch that did not land and is discarded.
+    This writer's commits (same writer id and shard count): the one carrying the batch
+    staged here, tagged against the same table version, promotes it; one whose batch had
+    no records in this shard changes nothing; one whose batch was tagged elsewhere
+    applies this shard's entries from the changelog. Every other commit, or one of ours
+    the changelog lacks, drops the partitions it touched (they reload on demand, with
+    the tombstone table) — or, for another writer's commit on a table with a change data
+    feed, applies its row-level changes: a deleted row then leaves a tombstone at its own
+    ordering value, the newest the log knows of that key. A missing log entry, or a
+    replica ahead of the target, empties the replica. Whatever is still staged at the
+    end belongs to a batch that did not land and is discarded.
     """
     report = CatchUpReport()
     current = replica.version
@@ -55,23 +69,22 @@ def catch_up(
             report.rebuilt = f"log entry {version} is gone"
             replica.drop_all()
             break
-        staged = replica.staged_batch
         ours = commit.app_versions.get(writer_id)
-        if ours is not None and staged is not None and ours == staged:
-            report.promoted += replica.promote_staged()
-            continue
-        shards = commit.sink_shards()
-        if ours is not None and shards is not None and shard not in shards:
-            continue
+        recorded_shards = commit.sink_int(NUM_SHARDS_PROPERTY)
+        if ours is not None and (recorded_shards is None or num_shards is None or recorded_shards == num_shards):
+            if _apply_own(replica, commit, ours, shard, read_changelog, report):
+                continue
         if commit.partitions is None:
             report.rebuilt = f"commit {version} changed the table's metadata or lacks partition values"
             replica.drop_all()
             continue
         held = [pid for pid in commit.partitions if replica.has_partition(pid)]
-        changes = read_changes(version) if held and read_changes else None
+        # The feed's deletes carry the deleted row's ordering, not the delete record's: good
+        # enough for another writer (nothing better is known), too weak for our own deletes.
+        changes = read_changes(version) if held and read_changes and ours is None else None
         for pid in held:
             if changes is None:
-                replica.drop_partition(pid)
+                replica.drop_partition(pid, invalidated=True)
                 report.invalidated.add(pid)
             elif changes.get(pid):
                 replica.put_entries(pid, changes[pid])
@@ -79,3 +92,21 @@ def catch_up(
     replica.discard_staged()
     replica.set_version(target)
     return report
+
+
+def _apply_own(replica: ShardReplica, commit: CommitSummary, batch: int, shard: int,
+               read_changelog: ReadChangelog | None, report: CatchUpReport) -> bool:
+    """Apply one of this writer's commits from staging or the changelog; False when neither has it."""
+    read_version = commit.sink_int(READ_VERSION_PROPERTY)
+    if replica.staged_batch == batch and (read_version is None or read_version == replica.staged_read_version):
+        report.promoted += replica.promote_staged()
+        return True
+    shards = commit.sink_shards()
+    if shards is not None and shard not in shards:
+        return True  # the batch had no records in this shard
+    report.moved_batches += 1
+    entries = read_changelog(commit.version, batch) if read_changelog else None
+    if entries is None:
+        return False
+    report.changelog_applied += replica.apply_changes(entries)
+    return True

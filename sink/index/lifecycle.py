@@ -54,11 +54,13 @@ class LoadReport:
 
 
 def load_partitions(
-    replica: ShardReplica, source: ShardSource, pids: Sequence[str], reason: str,
+    replica: ShardReplica, source: ShardSource, pids: Sequence[str], reason: str | Callable[[str], str],
     now: float | None = None, progress: Progress | None = None,
 ) -> LoadReport:
     """Load every partition in `pids`, concurrently on a bounded pool; each becomes visible
-    only once complete. A partition failing LOAD_ATTEMPTS times fails the call, naming it."""
+    only once complete. `reason` (or `reason(pid)`) is recorded with it. A partition
+    failing LOAD_ATTEMPTS times fails the call, naming it."""
+    reason_of = reason if callable(reason) else lambda _: reason
     report = LoadReport()
     if not pids:
         return report
@@ -72,7 +74,7 @@ def load_partitions(
                     source.table, source.tombstones, pid, source.key_cols, source.ordering,
                     source.shard, source.num_shards,
                 )
-                replica.load_packed(pid, keys, raws, reason=reason, now=now)
+                replica.load_packed(pid, keys, raws, reason=reason_of(pid), now=now)
                 return len(keys)
             except Exception as e:  # retried, then reported with the partition's name
                 error = e

@@ -48,9 +48,11 @@ _META_SPEC = b"spec"
 _META_VERSION = b"version"
 _META_STAGED_BATCH = b"staged_batch"
 _META_STAGED_DATA = b"staged_data"
+_META_STAGED_READ = b"staged_read_version"  # the table version the staged batch was tagged against
 _META_DIRTY = b"dirty"
 _META_TOKEN = b"token"  # new at every clean close: tells a process its memory tier is current
 _META_PART = b"part:"
+_META_INVALIDATED = b"invalidated:"  # dropped by catch-up; its next load counts as caused by that
 # Above this many entries a partition load goes through an SST file and ingest.
 _SST_THRESHOLD = 20_000
 
@@ -243,6 +245,11 @@ class ShardReplica:
         raw = self._db.get(_META_STAGED_BATCH)
         return None if raw is None else int(raw)
 
+    @property
+    def staged_read_version(self) -> int | None:
+        raw = self._db.get(_META_STAGED_READ)
+        return None if raw is None else int(raw)
+
     # --- partitions --------------------------------------------------------------------------
 
     def partitions(self) -> dict[str, PartitionInfo]:
@@ -257,6 +264,10 @@ class ShardReplica:
 
     def has_partition(self, pid: str) -> bool:
         return self._db.get(_META_PART + pid.encode()) is not None
+
+    def was_invalidated(self, pid: str) -> bool:
+        """Dropped by catch-up (a commit changed it) and not loaded since."""
+        return self._db.get(_META_INVALIDATED + pid.encode()) is not None
 
     def load_partition(
         self, pid: str, keys: list[bytes], entries: list[Entry], reason: str, now: float | None = None
@@ -285,6 +296,7 @@ class ShardReplica:
                 del cf
             info = PartitionInfo(loaded_entries=len(keys), loaded_at=now, last_access=now, reason=reason)
             self._db[_META_PART + pid.encode()] = json.dumps(info.__dict__).encode()
+            self._delete_meta(_META_INVALIDATED + pid.encode())
 
     def _ingest_sorted(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
         order = pc.sort_indices(pa.array(keys, pa.binary())).to_numpy()
@@ -299,11 +311,13 @@ class ShardReplica:
         finally:
             sst.unlink(missing_ok=True)
 
-    def drop_partition(self, pid: str) -> None:
+    def drop_partition(self, pid: str, invalidated: bool = False) -> None:
+        """Forget partition `pid`; `invalidated`: because a commit changed it (counted when
+        it loads again)."""
         self.tier.drop_partition(pid)
-        meta_key = _META_PART + pid.encode()
-        if self._db.get(meta_key) is not None:
-            del self._db[meta_key]
+        self._delete_meta(_META_PART + pid.encode())
+        if invalidated:
+            self._db[_META_INVALIDATED + pid.encode()] = b"1"
         if PARTITION_CF_PREFIX + pid in self._cf_names():
             self._db.drop_column_family(PARTITION_CF_PREFIX + pid)
 
@@ -313,9 +327,14 @@ class ShardReplica:
         for name in self._cf_names():
             if name.startswith(PARTITION_CF_PREFIX):
                 self._db.drop_column_family(name)
-        for key in [k for k, _ in self._db.items(from_key=_META_PART) if k.startswith(_META_PART)]:
-            del self._db[key]
+        for prefix in (_META_PART, _META_INVALIDATED):
+            for key in [k for k, _ in self._db.items(from_key=prefix) if k.startswith(prefix)]:
+                del self._db[key]
         self.discard_staged()
+
+    def _delete_meta(self, key: bytes) -> None:
+        if self._db.get(key) is not None:
+            del self._db[key]
 
     def partition_sizes(self) -> dict[str, tuple[int, int]]:
         """Per held partition: (entries, bytes on disk and in memory), RocksDB's estimates."""
@@ -397,8 +416,10 @@ class ShardReplica:
 
     # --- staging -----------------------------------------------------------------------------
 
-    def stage(self, batch_id: int, changes: pa.Table | Mapping[str, Mapping[bytes, Entry]]) -> None:
-        """Record what `batch_id` changes (CHANGES_SCHEMA rows), replacing what was staged before."""
+    def stage(self, batch_id: int, changes: pa.Table | Mapping[str, Mapping[bytes, Entry]],
+              read_version: int | None = None) -> None:
+        """Record what `batch_id`, tagged against table version `read_version`, changes
+        (CHANGES_SCHEMA rows), replacing what was staged before."""
         if not isinstance(changes, pa.Table):
             changes = changes_table(changes)
         sink = pa.BufferOutputStream()
@@ -406,6 +427,10 @@ class ShardReplica:
             writer.write_table(changes.cast(CHANGES_SCHEMA))
         self._db[_META_STAGED_DATA] = sink.getvalue().to_pybytes()
         self._db[_META_STAGED_BATCH] = str(batch_id).encode()
+        if read_version is None:
+            self._delete_meta(_META_STAGED_READ)
+        else:
+            self._db[_META_STAGED_READ] = str(read_version).encode()
 
     def _staged_table(self) -> pa.Table | None:
         raw = self._db.get(_META_STAGED_DATA)
@@ -419,27 +444,31 @@ class ShardReplica:
         return out
 
     def promote_staged(self) -> int:
-        """Move staged entries into the committed view; partitions not held are skipped
-        (they load from the table, which already has the commit). Returns entries promoted."""
+        """Move staged entries into the committed view. Returns entries promoted."""
         table = self._staged_table()
-        promoted = 0
-        if table is not None and table.num_rows:
-            encoded = pc.dictionary_encode(table.column("pid")).combine_chunks()
+        promoted = 0 if table is None else self.apply_changes(table)
+        self.discard_staged()
+        return promoted
+
+    def apply_changes(self, changes: pa.Table) -> int:
+        """Write committed entries (CHANGES_SCHEMA rows) into the partitions held; others are
+        skipped (they load from the table, which already has the commit). Returns entries written."""
+        applied = 0
+        if changes.num_rows:
+            encoded = pc.dictionary_encode(changes.column("pid")).combine_chunks()
             codes = encoded.indices.to_numpy()
             for code, pid in enumerate(encoded.dictionary.to_pylist()):
                 if not self.has_partition(pid):
                     continue
-                rows = table.filter(pa.array(codes == code))
+                rows = changes.filter(pa.array(codes == code))
                 raws = pack_many(rows.column("ordering").to_numpy(), rows.column("deleted").to_numpy(False))
                 self.put_packed(pid, rows.column("key").to_pylist(), raws)
-                promoted += rows.num_rows
-        self.discard_staged()
-        return promoted
+                applied += rows.num_rows
+        return applied
 
     def discard_staged(self) -> None:
-        for key in (_META_STAGED_DATA, _META_STAGED_BATCH):
-            if self._db.get(key) is not None:
-                del self._db[key]
+        for key in (_META_STAGED_DATA, _META_STAGED_BATCH, _META_STAGED_READ):
+            self._delete_meta(key)
 
 
 _KEPT_OPEN: dict[str, ShardReplica] = {}

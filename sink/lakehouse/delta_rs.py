@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from sink.lakehouse.log import read_commit
 from sink.lakehouse.predicates import merge_predicate, quote_ident
 
 __all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
@@ -84,6 +85,7 @@ class DeltaTarget:
         props = CommitProperties(
             app_transactions=[Transaction(app_id, batch_id)], custom_metadata=dict(custom_metadata)
         )
+        before = self.version()
         schema = self.arrow_schema()
         writes = rows.column(WRITE_COLUMN)
         table_rows = rows.filter(pc.not_equal(writes, "tombstone"))
@@ -91,7 +93,7 @@ class DeltaTarget:
         if changing.num_rows == 0:
             write_deltalake(self.table, _conform(table_rows, schema), mode="append", commit_properties=props)
             self.refresh()
-            return CommitOutcome("append", self.version(), 0)
+            return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
         partitions = _distinct_partitions(changing, self.partition_by)
         self._merge(table_rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties)
         self.refresh()
@@ -100,7 +102,17 @@ class DeltaTarget:
             # The MERGE changed nothing (delta-rs then writes no version): record the batch anyway.
             write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
             self.refresh()
-        return CommitOutcome("merge", self.version(), len(partitions))
+        return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(partitions))
+
+    def _landed(self, app_id: str, batch_id: int, after: int) -> int:
+        """The version carrying (app_id, batch_id), committed after version `after`: the
+        latest version may already be another writer's."""
+        latest = self.version()
+        for version in range(after + 1, latest + 1):
+            commit = read_commit(self.uri, version, self.partition_by)
+            if commit is not None and commit.app_versions.get(app_id) == batch_id:
+                return version
+        return latest
 
     def _merge(self, rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties) -> None:
         types = {f.name: f.type for f in schema}

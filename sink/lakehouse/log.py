@@ -11,7 +11,10 @@ import pyarrow.fs as pafs
 
 from sink import keys
 
-SHARDS_PROPERTY = "upsert_sink.shards"
+# Commit metadata the sink writes beside its app transaction.
+SHARDS_PROPERTY = "upsert_sink.shards"  # shards that had records in the batch
+NUM_SHARDS_PROPERTY = "upsert_sink.num_shards"
+READ_VERSION_PROPERTY = "upsert_sink.read_version"  # the table version the batch was tagged against
 
 
 @dataclass(frozen=True)
@@ -29,15 +32,24 @@ class CommitSummary:
             return None
         return frozenset(int(s) for s in str(raw).split(",") if s)
 
+    def sink_int(self, name: str) -> int | None:
+        """An integer the sink recorded in the commit's metadata (NUM_SHARDS_PROPERTY, ...)."""
+        raw = self.commit_info.get(name)
+        return None if raw is None else int(raw)
+
 
 def log_file(table_uri: str, version: int) -> str:
     return f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json"
 
 
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a table URI or a local path (relative ones too)."""
+    return pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+
+
 def read_commit(table_uri: str, version: int, partition_cols: list[str]) -> CommitSummary | None:
     """Summary of commit `version`, or None when its log file is no longer there."""
-    uri = log_file(table_uri if "://" in table_uri else os.path.abspath(table_uri), version)
-    fs, path = pafs.FileSystem.from_uri(uri)
+    fs, path = filesystem(log_file(table_uri, version))
     try:
         with fs.open_input_stream(path) as f:
             text = f.read().decode()

@@ -1,7 +1,10 @@
+import pyarrow as pa
+import pytest
+
 from sink.index.catchup import catch_up
-from sink.index.entry import Entry
+from sink.index.entry import CHANGES_SCHEMA, Entry
 from sink.index.replica import ShardReplica
-from sink.lakehouse.log import SHARDS_PROPERTY, CommitSummary
+from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY, CommitSummary
 
 WRITER = "w"
 SHARD = 1
@@ -73,3 +76,88 @@ def test_replica_ahead_of_the_table_is_emptied(tmp_path):
         report = catch_up(r, 6, lambda v: None, WRITER, SHARD)
         assert report.rebuilt == "replica at 9 > table 6"
         assert r.partitions() == {} and r.version == 6
+
+
+# --- a delete learned each way: the tombstone is never older than the delete -------------------
+
+DELETE_AT = 50  # the delete record's ordering; the deleted row had ordering 1
+
+
+def own_commit(version, batch, read_version=None, num_shards=None, shards=(SHARD,)):
+    info = {SHARDS_PROPERTY: ",".join(map(str, shards))}
+    if read_version is not None:
+        info[READ_VERSION_PROPERTY] = str(read_version)
+    if num_shards is not None:
+        info[NUM_SHARDS_PROPERTY] = str(num_shards)
+    return CommitSummary(version, {WRITER: batch}, frozenset(["p1"]), info)
+
+
+def deleted_k():
+    return pa.table({"pid": ["p1"], "key": [b"k"], "ordering": [DELETE_AT], "deleted": [True]},
+                    schema=CHANGES_SCHEMA)
+
+
+def test_delete_learned_from_own_staging(tmp_path):
+    with replica_at(tmp_path, 5) as r:
+        r.stage(3, deleted_k(), read_version=5)
+        report = catch_up(r, 6, {6: own_commit(6, 3, read_version=5)}.get, WRITER, SHARD)
+        assert report.promoted == 1 and report.moved_batches == 0
+        assert r.lookup("p1", [b"k"]) == [Entry(DELETE_AT, True)]
+
+
+def test_delete_learned_from_the_changelog_when_the_batch_ran_on_another_executor(tmp_path):
+    asked = []
+
+    def changelog(version, batch):
+        asked.append((version, batch))
+        return deleted_k()
+
+    with replica_at(tmp_path, 5) as r:
+        report = catch_up(r, 6, {6: own_commit(6, 3, read_version=5, num_shards=4)}.get, WRITER, SHARD,
+                          read_changes=lambda v: {"p1": {b"k": Entry(1, True)}}, read_changelog=changelog,
+                          num_shards=4)
+        assert asked == [(6, 3)]
+        assert (report.moved_batches, report.changelog_applied, report.invalidated) == (1, 1, set())
+        assert r.lookup("p1", [b"k"]) == [Entry(DELETE_AT, True)]
+        assert set(r.partitions()) == {"p1", "p2", "p3"}
+
+
+def test_own_commit_missing_from_the_changelog_invalidates_rather_than_trust_the_feed(tmp_path):
+    # The feed's delete row carries the deleted row's ordering (1), weaker than the delete (50):
+    # a reload (which reads the tombstone table) is the exact way back.
+    with replica_at(tmp_path, 5) as r:
+        report = catch_up(r, 6, {6: own_commit(6, 3)}.get, WRITER, SHARD,
+                          read_changes=lambda v: {"p1": {b"k": Entry(1, True)}}, read_changelog=lambda v, b: None)
+        assert report.moved_batches == 1 and report.invalidated == {"p1"}
+        assert not r.has_partition("p1") and r.was_invalidated("p1")
+
+
+def test_delete_by_another_writer_learned_from_the_feed_keeps_the_deleted_rows_ordering(tmp_path):
+    # Another writer's delete is known only by the row it removed: its ordering is the best there is.
+    with replica_at(tmp_path, 5) as r:
+        foreign = CommitSummary(6, {"other-writer": 9}, frozenset(["p1"]), {})
+        report = catch_up(r, 6, {6: foreign}.get, WRITER, SHARD,
+                          read_changes=lambda v: {"p1": {b"k": Entry(1, True)}},
+                          read_changelog=lambda v, b: pytest.fail("the changelog is this writer's only"))
+        assert report.applied == 1 and report.invalidated == set()
+        assert r.lookup("p1", [b"k"]) == [Entry(1, True)]
+
+
+def test_a_batch_staged_by_an_earlier_attempt_is_not_promoted(tmp_path):
+    # Attempt 1 staged here against version 5 and lost a commit race; attempt 2, tagged against
+    # version 6 elsewhere, landed: its entries come from the changelog, not from this staging.
+    with replica_at(tmp_path, 5) as r:
+        r.stage(3, {"p1": {b"k": Entry(9)}}, read_version=5)
+        foreign = CommitSummary(6, {"other-writer": 1}, frozenset(["p2"]), {})
+        log = {6: foreign, 7: own_commit(7, 3, read_version=6)}
+        report = catch_up(r, 7, log.get, WRITER, SHARD, read_changelog=lambda v, b: deleted_k())
+        assert report.promoted == 0 and report.changelog_applied == 1
+        assert r.lookup("p1", [b"k"]) == [Entry(DELETE_AT, True)]
+        assert r.staged_batch is None
+
+
+def test_own_commit_under_another_shard_count_is_treated_as_foreign(tmp_path):
+    with replica_at(tmp_path, 5) as r:
+        report = catch_up(r, 6, {6: own_commit(6, 3, num_shards=8, shards=(0,))}.get, WRITER, SHARD,
+                          read_changelog=lambda v, b: pytest.fail("another sharding's changelog"), num_shards=4)
+        assert report.invalidated == {"p1"}

@@ -186,3 +186,23 @@ def test_a_truncated_log_forces_a_rebuild(tmp_path):
         report = catch_up(replica, table.version(), lambda v: read_commit(uri, v, ["dt"]), "w", 0)
         assert report.rebuilt == "log entry 1 is gone"
         assert replica.partitions() == {} and replica.version == 3
+
+
+def test_delete_learned_by_a_partition_reload_carries_the_delete_records_ordering(tmp_path):
+    """The table no longer holds a deleted key: the tombstone table's delete record dates it."""
+    uri, tomb_uri = str(tmp_path / "t"), str(tmp_path / "tombstones")
+    at = [NOW - dt.timedelta(minutes=m) for m in (30, 20, 10)]
+    day = NOW.date().isoformat()
+    write_deltalake(uri, pa.table({"id": ["live", "back"], "dt": [day, day],
+                                   "event_time": pa.array([at[2], at[2]], pa.timestamp("us", tz="UTC"))}),
+                    partition_by=["dt"])
+    # "gone" was deleted at at[1]; "back" was deleted at at[0], then re-inserted at at[2].
+    write_deltalake(tomb_uri, pa.table({"id": ["gone", "back"], "dt": [day, day],
+                                        "event_time": pa.array([at[1], at[0]], pa.timestamp("us", tz="UTC"))}),
+                    partition_by=["dt"])
+    micros = [int(t.timestamp() * 1_000_000) for t in at]
+    with ShardReplica.open(tmp_path / "r", "spec") as replica:
+        load_partitions(replica, source(uri, shard=0, num_shards=1, tombstones=DeltaTable(tomb_uri)),
+                        [f"dt={day}"], "on_demand")
+        assert replica.lookup(f"dt={day}", [b"gone", b"back", b"live"]) == [
+            Entry(micros[1], True), Entry(micros[2], False), Entry(micros[2], False)]
