@@ -1,0 +1,143 @@
+"""The scale-out stream: late events with deletes and replays over a seeded table, tagged by
+executors that each keep their replicas in their own local directory, checked against the
+oracle after every batch.
+
+One Spark application per process (a second SparkContext cannot start beside the tests'
+session), so it runs as a child process and writes its result as JSON:
+
+    python -m tests.scaleout_stream --master 'local-cluster[2,1,1024]' --cdf --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+
+from tests.oracle import SCHEMA, Event, expected_rows
+
+NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.timezone.utc)
+DAYS = 30
+
+
+def day(d: int) -> str:
+    return (NOW.date() - dt.timedelta(days=d)).isoformat()
+
+
+def seed_events(keys: int) -> list[Event]:
+    return [Event(f"k{k}", day(k % DAYS), 0, "u", "seed") for k in range(keys)]
+
+
+def late_batches(seed: int, keys: int, batches: int, per_batch: int, delete_share: float) -> list[list[Event]]:
+    """Events arrive up to 3 batches late: updates older than a delete, stale records and
+    in-batch duplicates all occur."""
+    rng = random.Random(seed)
+    out = []
+    for b in range(batches):
+        events = []
+        for j in range(per_batch):
+            k = rng.randrange(keys)
+            op = "d" if rng.random() < delete_share else "u"
+            ts = (b + 1) * 1000 + rng.randrange(-3000, 1000)
+            events.append(Event(f"k{k}", day(k % DAYS), max(ts, 1), op, f"b{b}-{j}"))
+        out.append(events)
+    return out
+
+
+def table_rows(uri: str) -> list[dict]:
+    return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
+
+
+ARROW_SCHEMA = pa.schema([("id", pa.string()), ("dt", pa.string()), ("ts", pa.int64()), ("op", pa.string()),
+                         ("v", pa.string())])
+
+
+def seed_table(uri: str, events: list[Event], cdf: bool) -> None:
+    write_deltalake(uri, pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), partition_by=["dt"],
+                    configuration={"delta.enableChangeDataFeed": "true"} if cdf else None)
+
+
+def run_stream(spark, work: Path, cdf: bool, keys: int, batches: int, per_batch: int, num_shards: int,
+               replay_batch: int | None = 4) -> dict:
+    from sink import SinkConfig, UpsertSink
+
+    cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
+                     delete_when="op = 'd'", writer_id=f"scaleout-{'cdf' if cdf else 'plain'}",
+                     num_shards=num_shards, metrics_port=0, bootstrap_days=7)
+    seed = seed_events(keys)
+    seed_table(cfg.table_uri, seed, cdf)
+    stream = late_batches(11, keys, batches, per_batch, delete_share=0.02)
+    sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
+    out = {"cdf": cdf, "batches": [], "exact": True}
+    for b, events in enumerate(stream):
+        # Executors read the batch from a file, as from a stream's source.
+        landing = work / "landing" / f"batch-{b}.parquet"
+        landing.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), landing)
+        df = spark.read.schema(SCHEMA).parquet(str(landing))
+        started = time.perf_counter()
+        sink(df, b)
+        seconds = time.perf_counter() - started
+        if b == replay_batch:
+            sink(df, b)  # handed again after a crash before the checkpoint: skipped
+            assert sink.reports[-1].mode == "skipped", sink.reports[-1].mode
+        r = sink.reports[-2 if b == replay_batch else -1]
+        exact = table_rows(cfg.table_uri) == expected_rows([seed, *stream[: b + 1]])
+        out["exact"] &= exact
+        out["batches"].append({
+            "batch": b, "exact": exact, "seconds": round(seconds, 3), "mode": r.mode,
+            "loads": r.partition_loads, "shard_moves": r.shard_moves,
+            "changelog_applied": r.changelog_applied, "replicas_rebuilt": r.replicas_rebuilt,
+            "invalidated": r.invalidated, "ops": r.ops,
+        })
+        print(f"cdf={cdf} batch {b}: exact={exact} {r.summary()} moves={r.shard_moves} "
+              f"changelog={r.changelog_applied} rebuilt={r.replicas_rebuilt} loads={r.partition_loads}",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--feed", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--per-batch", type=int, default=15_000)
+    parser.add_argument("--shards", type=int, default=4)
+    args = parser.parse_args()
+
+    import pyspark
+
+    from jobs.spark_session import spark_session
+
+    # local-cluster starts executor JVMs from SPARK_HOME: the pip package directory.
+    os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+    spark = spark_session("sink-scaleout", args.master, {
+        "spark.sql.shuffle.partitions": str(args.shards), "spark.default.parallelism": str(args.shards),
+        "spark.ui.enabled": "false", "spark.executor.memory": "1g",
+    })
+    spark.sparkContext.setLogLevel("ERROR")
+    work = Path(args.work)
+    results = []
+    try:
+        for cdf in {"off": [False], "on": [True], "both": [False, True]}[args.feed]:
+            results.append(run_stream(spark, work / ("cdf" if cdf else "plain"), cdf, args.keys, args.batches,
+                                      args.per_batch, args.shards))
+    finally:
+        spark.stop()
+    Path(args.out).write_text(json.dumps({"master": args.master, "streams": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

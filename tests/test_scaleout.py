@@ -1,0 +1,84 @@
+"""Shards that move between executors: exact, and caught up from the changelog, not reloaded."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sink import SinkConfig, UpsertSink
+from tests.oracle import SCHEMA, changed_keys, expected_rows, verify_replicas
+from tests.scaleout_stream import DAYS, NOW, late_batches, seed_events, seed_table, table_rows
+
+pytestmark = pytest.mark.spark
+
+SHARDS = 3
+
+
+@pytest.mark.parametrize("cdf", [False, True])
+def test_every_shard_moving_every_batch_catches_up_from_the_changelog(spark, tmp_path, cdf):
+    """Two index dirs used in turn, as by two executors each running every shard every other batch."""
+    cfg = SinkConfig(table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
+                     delete_when="op = 'd'", writer_id="moving", num_shards=SHARDS, metrics_port=0)
+    keys = 3000
+    seed = seed_events(keys)
+    seed_table(cfg.table_uri, seed, cdf)
+    stream = late_batches(5, keys, batches=6, per_batch=2000, delete_share=0.03)
+    executors = [UpsertSink(dataclasses.replace(cfg, index_dir=str(tmp_path / name)), clock=lambda: NOW.timestamp())
+                 for name in ("executor-a", "executor-b")]
+    for b, events in enumerate(stream):
+        sink = executors[b % 2]
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        report = sink.reports[-1]
+        assert table_rows(cfg.table_uri) == expected_rows([seed, *stream[: b + 1]]), f"after batch {b}"
+        assert report.invalidated == 0 and report.partition_loads["invalidated"] == 0
+        if b < 2:
+            # Each dir's first batch: new replicas, the hot window plus every other partition touched.
+            assert report.replicas_rebuilt == SHARDS
+            assert sum(report.partition_loads.values()) == SHARDS * DAYS
+        else:
+            # Every shard is one batch behind: the other executor's batch comes from the changelog.
+            assert report.partition_loads == {"bootstrap": 0, "on_demand": 0, "invalidated": 0}
+            assert report.shard_moves == SHARDS
+            # One entry per key the other executor's batch changed (every partition is held).
+            assert report.changelog_applied == changed_keys([seed, *stream], b), f"batch {b}"
+    for sink in executors:
+        verify_replicas(sink.config)
+
+
+@pytest.fixture(scope="module")
+def two_executors(tmp_path_factory) -> list[dict]:
+    """The scale-out stream, with and without the change data feed, on Spark's local-cluster:
+    two executor JVMs, each keeping its replicas under its own local dir (the default
+    index dir), as on two machines. One application, in a child process."""
+    work = tmp_path_factory.mktemp("two-executors")
+    out = work / "result.json"
+    run = subprocess.run([sys.executable, "-m", "tests.scaleout_stream", "--master", "local-cluster[2,1,1024]",
+                          "--work", str(work), "--out", str(out), "--shards", "4"],
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert run.returncode == 0, run.stderr[-5000:]
+    return json.loads(out.read_text())["streams"]
+
+
+@pytest.mark.parametrize("cdf", [False, True])
+def test_two_executors_stay_exact_and_load_only_what_a_new_replica_needs(two_executors, cdf):
+    stream = next(s for s in two_executors if s["cdf"] == cdf)
+    assert [b["exact"] for b in stream["batches"]] == [True] * len(stream["batches"])
+    for b in stream["batches"]:
+        assert b["invalidated"] == 0 and b["loads"]["invalidated"] == 0, b
+        # Every batch touches all partitions of every shard: a replica new on its executor loads
+        # them all once; a replica that was there loads nothing, whoever tagged the batches between.
+        assert sum(b["loads"].values()) == DAYS * b["replicas_rebuilt"], b
+
+
+def test_two_executors_moved_shards_and_caught_up_from_the_changelog(two_executors):
+    batches = [b for s in two_executors for b in s["batches"]]
+    assert sum(b["shard_moves"] for b in batches) > 0
+    assert sum(b["changelog_applied"] for b in batches) > 0
+    # Replicas are per executor: a shard's replica is created once on each executor it runs on.
+    for stream in two_executors:
+        assert 4 <= sum(b["replicas_rebuilt"] for b in stream["batches"]) <= 8
