@@ -43,18 +43,21 @@ def median_after_first(values: list[float]) -> float:
 
 
 def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, batches: int,
-             batch_rows: int, num_shards: int) -> dict:
+             batch_rows: int, num_shards: int, contenders: tuple[str, ...] = CONTENDERS,
+             executor_index_dirs: bool = False) -> dict:
+    """`executor_index_dirs`: leave index_dir unset, so each executor keeps its own replicas."""
     case = work / f"{workload}-{table_rows}"
     landing = case / "landing"
     write_batches(landing, WORKLOADS[workload], table_rows, batches, batch_rows)
     results = {}
-    for name in CONTENDERS:
+    for name in contenders:
         uri = case / name / "table"
         shutil.copytree(template, uri)
         if name != "baseline":
             cfg = SinkConfig(table_uri=str(uri), key=["id"], partition_by=["dt"], ordering="event_time",
                              delete_when="op = 'd'", checkpoint_dir=str(case / name / "cp"),
-                             index_dir=str(case / name / "index"), num_shards=num_shards, metrics_port=0,
+                             index_dir=None if executor_index_dirs else str(case / name / "index"),
+                             num_shards=num_shards, metrics_port=0,
                              tag_on="driver" if name == "sink-driver" else "executors")
             sink = UpsertSink(cfg)
             seconds = stream(spark, landing, case / name / "cp", sink)
@@ -66,6 +69,13 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                 "modes": [r.mode for r in reports],
                 "merge_partitions": [r.merge_partitions for r in reports],
                 "partition_loads": [r.partition_loads for r in reports],
+                "shard_moves": [r.shard_moves for r in reports],
+                "changelog_applied": [r.changelog_applied for r in reports],
+                "replicas_rebuilt": [r.replicas_rebuilt for r in reports],
+                # Batches after the first that created no replica (on several executors, each
+                # executor's first run of a shard bootstraps it once).
+                "median_warm": round(median_after_first(
+                    [seconds[0]] + [s for s, r in zip(seconds[1:], reports[1:]) if not r.replicas_rebuilt]), 3),
             }
         else:
             seconds = stream(spark, landing, case / name / "cp", HandWrittenMerge(str(uri)))
@@ -73,20 +83,18 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
         results[name] = {"batch_seconds": [round(s, 3) for s in seconds],
                          "median_after_first": round(median_after_first(seconds), 3), **extra}
     expected = table_contents(str(case / "baseline" / "table"))
-    equal = all(table_contents(str(case / name / "table")).equals(expected) for name in CONTENDERS)
+    equal = all(table_contents(str(case / name / "table")).equals(expected) for name in contenders)
     shutil.rmtree(case)
     baseline = results["baseline"]["median_after_first"]
-    return {
-        "workload": workload, "table_rows": table_rows, "batches": batches, "batch_rows": batch_rows,
-        **results,
-        "ratio_baseline_over_sink": round(baseline / results["sink"]["median_after_first"], 2),
-        "ratio_baseline_over_sink_driver": round(baseline / results["sink-driver"]["median_after_first"], 2),
-        "tables_equal": equal,
-    }
+    ratios = {f"ratio_baseline_over_{name.replace('-', '_')}": round(baseline / results[name]["median_after_first"], 2)
+              for name in contenders if name != "baseline"}
+    return {"workload": workload, "table_rows": table_rows, "batches": batches, "batch_rows": batch_rows,
+            **results, **ratios, "tables_equal": equal}
 
 
 def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int, batch_rows: int,
-        num_shards: int, log=print) -> list[dict]:
+        num_shards: int, log=print, contenders: tuple[str, ...] = CONTENDERS,
+        executor_index_dirs: bool = False) -> list[dict]:
     out = []
     for rows in sizes:
         template = work / f"start-{rows}"
@@ -94,11 +102,10 @@ def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int,
         write_start_table(str(template), rows)
         log(f"starting table {rows:,} rows in {time.perf_counter() - started:.1f}s")
         for workload in workloads:
-            case = run_case(spark, work, template, workload, rows, batches, batch_rows, num_shards)
-            log(f"{workload} {rows:,}: sink {case['sink']['median_after_first']}s "
-                f"(driver tagging {case['sink-driver']['median_after_first']}s), baseline "
-                f"{case['baseline']['median_after_first']}s per batch; ratios {case['ratio_baseline_over_sink']} / "
-                f"{case['ratio_baseline_over_sink_driver']}; tables equal: {case['tables_equal']}")
+            case = run_case(spark, work, template, workload, rows, batches, batch_rows, num_shards, contenders,
+                            executor_index_dirs)
+            figures = ", ".join(f"{name} {case[name]['median_after_first']}s" for name in contenders)
+            log(f"{workload} {rows:,} per batch: {figures}; tables equal: {case['tables_equal']}")
             out.append(case)
         shutil.rmtree(template)
     return out

@@ -17,6 +17,20 @@ def markdown(result: dict) -> str:
             f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {c['baseline']['median_after_first']:.2f} s "
             f"| {c['sink']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink']:.2f}x) "
             f"| {c['sink-driver']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink_driver']:.2f}x) |")
+    lines += ["", "| events, executor tagging | table rows | hand-written MERGE | sink | sink, batches with warm "
+              "replicas | partition loads after the first batch | shard moves |", "|---|---:|---:|---:|---:|---:|---:|"]
+    one = {c["table_rows"]: c for c in result["e2e"] if c["workload"] == "events"}
+    for c in result.get("e2e_two_executors", []):
+        for label, case in (("one executor", one.get(c["table_rows"])), ("two executors", c)):
+            if case is None:
+                continue
+            sink = case["sink"]
+            loads = sum(sum(batch.values()) for batch in sink["partition_loads"][1:])
+            moves = sum(sink.get("shard_moves", [0])[1:])
+            lines.append(f"| {label} | {case['table_rows'] // 1_000_000}M | "
+                         f"{case['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
+                         f"({case['ratio_baseline_over_sink']:.2f}x) | {sink['median_warm']:.2f} s | {loads} | "
+                         f"{moves} |")
     lines += ["", "| table rows | append | MERGE, pruned (sink) | MERGE, unpruned |", "|---:|---:|---:|---:|"]
     for c in result["commit"]:
         lines.append(f"| {c['table_rows'] // 1_000_000}M | {c['append_median']:.3f} s | "

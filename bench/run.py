@@ -50,6 +50,17 @@ def index_figures(partitions: int, per_partition: int) -> dict:
     return result
 
 
+def two_executor_figures(params: dict) -> list[dict]:
+    """bench.two_executors in a child process (a second Spark application)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "two-executors.json"
+        subprocess.run([sys.executable, "-m", "bench.two_executors", "--sizes", *map(str, params["sizes"]),
+                        # Twice the batches: shards move back and forth once replicas exist on both.
+                        "--batches", str(2 * params["batches"]), "--batch-rows", str(params["batch_rows"]),
+                        "--out", str(out)], check=True, cwd=Path(__file__).resolve().parent.parent)
+        return json.loads(out.read_text())["cases"]
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -108,6 +119,9 @@ def main() -> None:
                                 params["batch_rows"], num_shards=2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    spark.stop()
+    print("== end to end, two executors (events, executor tagging)", flush=True)
+    result["e2e_two_executors"] = two_executor_figures(params)
     result["seconds"] = round(time.perf_counter() - started, 1)
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / f"{name}-{dt.date.today().isoformat()}"
