@@ -127,7 +127,7 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
         path = replica_path(ctx.index_root, ctx.table.metadata().id, shard, num_shards)
         with ShardReplica.open(path, spec) as replica:
             def own_changes(v: int, batch: int, shard=shard):
-                header = changelog.Header(cfg.resolved_writer_id, batch, num_shards, spec)
+                header = changelog.Header(ctx.table.metadata().id, cfg.resolved_writer_id, batch, num_shards, spec)
                 return changelog.read(cfg.resolved_changelog_uri, v, header, shard)
 
             report = catch_up(replica, version, lambda v: read_commit(cfg.table_uri, v, cfg.partition_by),

@@ -77,7 +77,7 @@ class TaskContext:
         return self.index_dir or default_index_root(self.driver_local_dir)
 
     def changelog_header(self) -> changelog.Header:
-        return changelog.Header(self.writer_id, self.batch_id, self.num_shards, self.spec)
+        return changelog.Header(self.table_id, self.writer_id, self.batch_id, self.num_shards, self.spec)
 
 
 def spark_local_dirs(env: dict[str, str] | None = None) -> list[str]:

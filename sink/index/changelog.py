@@ -34,6 +34,7 @@ _HEADER = b"upsert_sink.changelog"
 class Header:
     """Whose entries a file holds: a reader uses them only if all of this matches its own."""
 
+    table_id: str  # the Delta table's metadata id: a re-created table never reads an old file
     writer_id: str
     batch_id: int
     num_shards: int
@@ -74,7 +75,7 @@ def read(uri: str, version: int, header: Header, shard: int) -> pa.Table | None:
     with source:
         parquet = pq.ParquetFile(source)
         written = (parquet.schema_arrow.metadata or {}).get(_HEADER)
-        if written is None or Header(**json.loads(written)) != header:
+        if written is None or json.loads(written) != asdict(header):
             return None
         groups = [i for i in range(parquet.num_row_groups) if _may_hold(parquet.metadata.row_group(i), shard)]
         rows = parquet.read_row_groups(groups, columns=SCHEMA.names) if groups else SCHEMA.empty_table()

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 import pyarrow as pa
@@ -6,7 +7,7 @@ import pyarrow.parquet as pq
 from sink.index import changelog
 from sink.index.entry import CHANGES_SCHEMA
 
-HEADER = changelog.Header("writer", 7, 4, "spec")
+HEADER = changelog.Header("table-id", "writer", 7, 4, "spec")
 
 
 def entries(rows):
@@ -31,11 +32,13 @@ def test_each_shard_reads_back_its_own_entries_from_its_own_row_group(tmp_path):
     assert os.listdir(tmp_path / "changelog") == [changelog.file_name(12)]  # no temporary file left
 
 
-def test_another_writer_batch_or_sharding_or_a_missing_file_reads_as_unknown(tmp_path):
+def test_another_table_writer_batch_or_sharding_or_a_missing_file_reads_as_unknown(tmp_path):
     uri = str(tmp_path / "changelog")
     changelog.write(uri, 12, HEADER, entries(ROWS))
-    for other in (changelog.Header("other", 7, 4, "spec"), changelog.Header("writer", 8, 4, "spec"),
-                  changelog.Header("writer", 7, 8, "spec"), changelog.Header("writer", 7, 4, "other spec")):
+    others = [dataclasses.replace(HEADER, **change) for change in (
+        {"table_id": "a re-created table"}, {"writer_id": "other"}, {"batch_id": 8}, {"num_shards": 8},
+        {"spec": "other spec"})]
+    for other in others:
         assert changelog.read(uri, 12, other, 2) is None
     assert changelog.read(uri, 13, HEADER, 2) is None
     assert changelog.read(str(tmp_path / "nowhere"), 12, HEADER, 2) is None
