@@ -110,7 +110,8 @@ def main() -> None:
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--work", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--feed", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--feeds", default="off,on",
+                        help="streams to run, in order: 'off' and/or 'on' for the change data feed")
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--per-batch", type=int, default=15_000)
@@ -131,7 +132,7 @@ def main() -> None:
     work = Path(args.work)
     results = []
     try:
-        for cdf in {"off": [False], "on": [True], "both": [False, True]}[args.feed]:
+        for cdf in [feed == "on" for feed in args.feeds.split(",")]:
             results.append(run_stream(spark, work / ("cdf" if cdf else "plain"), cdf, args.keys, args.batches,
                                       args.per_batch, args.shards))
     finally:
