@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from bench.workloads import WORKLOADS, Mix, write_batches, write_start_table
+from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
 
 RECENT_UPDATES = Mix("recent-updates", updates=0.5, late_share=0.0, deletes=0.0, stale=0.0)
@@ -49,7 +50,7 @@ def run(sizes: list[int], batch_rows: int, repeats: int, log=print) -> list[dict
                     uri = work / f"{name}-{i}"
                     shutil.copytree(work / "start", uri)
                     target = DeltaTarget(str(uri), ["dt"])
-                    target.open_or_create(inserts.schema)
+                    target.open_or_create(inserts.schema, Contract(("id",), ("dt",), "event_time", "partitioned"))
                     if name == "merge_unpruned":
                         figures[name].append(_timed(lambda u=uri, src=updates: _unpruned_merge(str(u), src)))
                     else:

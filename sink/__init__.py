@@ -4,6 +4,7 @@ from sink.config import SinkConfig
 from sink.errors import (
     CommitConflictError,
     ConfigError,
+    ContractMismatchError,
     PartitionLoadError,
     ReplicaLockedError,
     SchemaError,
@@ -16,6 +17,7 @@ __all__ = [
     "BatchReport",
     "CommitConflictError",
     "ConfigError",
+    "ContractMismatchError",
     "PartitionLoadError",
     "ReplicaLockedError",
     "SchemaError",

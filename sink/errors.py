@@ -13,6 +13,10 @@ class SchemaError(SinkError, ValueError):
     """The stream's schema does not fit the config (missing column, unsupported type)."""
 
 
+class ContractMismatchError(SinkError):
+    """The table records another key, partitioning, ordering, scope or key encoding than the config."""
+
+
 class WriterIdReusedError(SinkError):
     """The table already holds later batches of this writer id: the checkpoint is new or reset."""
 

@@ -19,10 +19,17 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sink import columns as C
 from sink import keys, metrics
 from sink.config import SinkConfig
-from sink.errors import CommitConflictError, PartitionLoadError, WriterIdReusedError
+from sink.errors import (
+    CommitConflictError,
+    ContractMismatchError,
+    PartitionLoadError,
+    SchemaError,
+    WriterIdReusedError,
+)
 from sink.executor import LOAD_REASONS, QUARANTINED, TaskContext, tag_batches, tag_locally
 from sink.index import changelog
-from sink.index.loader import has_change_data_feed
+from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER, has_change_data_feed
+from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.prepare import prepare, tagged_schema, validate_stream
@@ -50,6 +57,7 @@ class BatchReport:
     commits_read: int = 0
     invalidated: int = 0
     replicas_rebuilt: int = 0  # replicas found new or unusable, bootstrapped
+    replicas_repaired: int = 0  # of those, found damaged (files truncated or corrupt) and wiped
     # Shard replicas behind on batches this writer tagged on other executors, and the
     # changelog entries they applied to catch up.
     shard_moves: int = 0
@@ -90,6 +98,7 @@ class UpsertSink:
         self.writer_id = config.resolved_writer_id
         self.reports: list[BatchReport] = []
         self._target = DeltaTarget(config.table_uri, config.partition_by)
+        self._contract = Contract.of(config)
         self._validated = None
         # Other executors may tag a shard's next batch: they catch up from the changelog.
         self._changelog_uri = config.resolved_changelog_uri if config.tag_on == "executors" else None
@@ -110,8 +119,9 @@ class UpsertSink:
         cfg = self.config
         self.validate(batch_df)
         report = BatchReport(batch_id)
-        self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"))
+        self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"), self._contract)
         self._target.refresh()
+        self._check_contract()
         committed = self._target.transaction_version(self.writer_id)
         if committed is not None and batch_id < committed:
             raise WriterIdReusedError(
@@ -132,23 +142,55 @@ class UpsertSink:
         self.reports.append(report)
         log.info("upsert batch %s", report.summary())
 
+    def _check_contract(self) -> None:
+        """Refuse a table written under another key, partitioning, ordering or scope; record
+        the contract on a table that has none yet (created before sinks recorded it, or by
+        another tool)."""
+        cfg = self.config
+        partitioned_by = self._target.partition_columns()
+        if partitioned_by != list(cfg.partition_by):
+            raise SchemaError(f"{cfg.table_uri} is partitioned by {partitioned_by}, the config's partition_by is "
+                              f"{list(cfg.partition_by)}: they must be the same")
+        recorded = self._target.contract()
+        if recorded is None:
+            self._target.record_contract(self._contract)
+        elif recorded != self._contract:
+            raise ContractMismatchError(
+                f"{cfg.table_uri} records another sink contract than the config (table vs config): "
+                f"{'; '.join(recorded.differences(self._contract))}. Restore the config, or change the contract "
+                "deliberately with `python -m sink contract --config <file> --rewrite`, which checks the table's "
+                "rows against the new one and rebuilds the index."
+            )
+
     def _process(self, prepared: DataFrame, batch_df: DataFrame, batch_id: int, num_shards: int,
                  report: BatchReport) -> None:
-        """One Spark job per attempt: route, tag (bad records pass through as quarantined),
-        collect; then quarantine, commit and tombstones from the collected output."""
+        """One Spark job per tagging: route, tag (bad records pass through as quarantined),
+        collect; then quarantine, tombstones and the commit from the collected output.
+
+        The commit lands on exactly the version it was checked against (delta-rs retries
+        nothing). When another commit got there first: if it changed none of the batch's
+        partitions, the tags still hold and the batch commits on top of it; otherwise the
+        batch is tagged again against the new version. Bounded by max_commit_retries."""
         cfg = self.config
         out_schema = tagged_schema(batch_df.schema)
         arrow_out = to_arrow_schema(out_schema, timezone="UTC")
+        ctx = None
+        others: dict[str, None] = {}  # who committed in between, in order of appearance
         for attempt in range(cfg.max_commit_retries + 1):
-            self._target.refresh()
-            ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out)
-            tag_started = time.perf_counter()
-            tagged = self._tag(prepared, ctx, out_schema)
-            report.tag_seconds += time.perf_counter() - tag_started
-            records, shards = self._read_tags(tagged, report)
-            if attempt == 0:
-                self._quarantine(records, batch_df.columns, batch_id)
+            if ctx is None:
+                self._target.refresh()
+                ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out)
+                tag_started = time.perf_counter()
+                tagged = self._tag(prepared, ctx, out_schema)
+                report.tag_seconds += time.perf_counter() - tag_started
+                records, shards = self._read_tags(tagged, report)
+                if attempt == 0:
+                    self._quarantine(records, batch_df.columns, batch_id)
+                    if cfg.delete_when:
+                        self._append_tombstones(records.filter(pc.and_(
+                            records.column(C.DELETE), pc.not_equal(records.column(C.OP), QUARANTINED))), batch_id)
             commit_started = time.perf_counter()
+            snapshot = self._target.version()
             try:
                 self._commit(records, ctx, shards, report)
                 if self._changelog_uri and report.mode in ("append", "merge"):
@@ -157,18 +199,25 @@ class UpsertSink:
                 break
             except CommitFailedError as e:
                 report.commit_seconds += time.perf_counter() - commit_started
+                self._target.refresh()
+                landed = self._target.commits_since(snapshot)
+                others.update(dict.fromkeys(c.author() for c in landed))
                 if attempt == cfg.max_commit_retries:
                     raise CommitConflictError(
-                        f"batch {batch_id}: another writer kept committing to {cfg.table_uri}; "
-                        f"gave up after {attempt + 1} attempts ({e})"
+                        f"batch {batch_id}: other writers kept committing to {cfg.table_uri} "
+                        f"({', '.join(others) or 'unknown'}); gave up after {attempt + 1} attempts, nothing of "
+                        f"this batch was written to the table. Raise max_commit_retries, or give each writer "
+                        f"its own table ({e})"
                     ) from e
                 report.retries += 1
-                log.warning("batch %s: commit conflict, re-tagging (attempt %s)", batch_id, attempt + 2)
+                if _touches(landed, keys.partition_ids(records, cfg.partition_by)):
+                    ctx = None
+                    log.warning("batch %s: %s committed to the batch's partitions first; tagging again "
+                                "(attempt %s)", batch_id, ", ".join(c.author() for c in landed), attempt + 2)
+                else:
+                    log.info("batch %s: %s committed first, to other partitions; committing on version %s",
+                             batch_id, ", ".join(c.author() for c in landed), self._target.version())
         report.records_in = sum(report.ops.values())
-        if cfg.delete_when:
-            deletes = records.filter(pc.and_(records.column(C.DELETE), pc.not_equal(records.column(C.OP),
-                                                                                    QUARANTINED)))
-            self._append_tombstones(deletes, batch_id)
 
     def _task_context(self, batch_df: DataFrame, batch_id: int, num_shards: int, arrow_out: pa.Schema) -> TaskContext:
         cfg = self.config
@@ -244,6 +293,7 @@ class UpsertSink:
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(report, name, sum(s[name] for s in stats_rows))
         report.replicas_rebuilt = sum(s["rebuilt"] for s in stats_rows)
+        report.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
         shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
         return records, shards
 
@@ -304,12 +354,25 @@ class UpsertSink:
     def _append_tombstones(self, deletes: pa.Table, batch_id: int) -> None:
         """Every valid delete record of the batch, so a reloaded partition remembers it.
 
-        A pure function of the batch's input, written after the main commit (and again on
-        a replay that finds the main commit done), idempotent by app transaction.
+        A pure function of the batch's input, written before the main commit (and again on
+        a replay that finds the main commit done), idempotent by app transaction. Rows name
+        the writer and batch: a partition load counts them once the table holds the batch,
+        so another writer reloading a partition never misses a delete that landed.
         """
         cfg = self.config
-        rows = deletes.select([*cfg.key, *cfg.partition_by, cfg.ordering])
-        append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id)
+        n = deletes.num_rows
+        rows = deletes.select([*cfg.key, *cfg.partition_by, cfg.ordering]).append_column(
+            TOMBSTONE_WRITER, pa.array([self.writer_id] * n, pa.string())).append_column(
+            TOMBSTONE_BATCH, pa.array([batch_id] * n, pa.int64()))
+        append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
+                    schema_mode="merge")
+
+
+def _touches(commits, batch_partitions: pa.Array) -> bool:
+    """Whether any of these commits changed data in a partition the batch holds records of."""
+    ours = set(pc.unique(batch_partitions).to_pylist())
+    return any(c.partitions is None or c.partitions & ours for c in commits)
+
 
 def _value_counts(col) -> tuple[list[str], list[int]]:
     counts = pc.value_counts(col)

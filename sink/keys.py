@@ -14,6 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+# How key columns become the index's key bytes (`spark_key_expr`, `encode_keys`); recorded in
+# the table's contract, so a change of encoding is refused rather than silently mismatched.
+KEY_ENCODING = "string-v1"
 # Spark's xxhash64() seed; Python must use the same one to agree on shards.
 SPARK_XXHASH_SEED = 42
 UNPARTITIONED = "_all"

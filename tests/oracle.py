@@ -48,10 +48,11 @@ def changed_keys(batches: list[list[Event]], batch: int) -> int:
     return sum(rank[1] == batch for rank, _ in _winners(batches[: batch + 1]).values())
 
 
-def random_batches(seed: int, batches: int, per_batch: int, keys: int = 150, days: int = 4,
-                   bad_share: float = 0.02) -> list[list[Event]]:
-    """Few keys and a narrow ordering range: in-batch duplicates, ties, late and stale
-    events, deletes followed by older updates, all happen often."""
+def random_events(seed: int, batches: int, per_batch: int, keys: int, partition_of, ordering_of,
+                  delete_share: float, bad_share: float = 0.0, tag: str = "") -> list[list[Event]]:
+    """Batches of events over keys k0..k<keys-1>: `partition_of(k)` is a key's partition,
+    `ordering_of(rng, batch)` an event's ordering value; a share of deletes and of records
+    without a key (bad input)."""
     rng = random.Random(seed)
     out = []
     for b in range(batches):
@@ -59,10 +60,18 @@ def random_batches(seed: int, batches: int, per_batch: int, keys: int = 150, day
         for j in range(per_batch):
             k = rng.randrange(keys)
             ident = None if rng.random() < bad_share else f"k{k}"
-            op = "d" if rng.random() < 0.15 else "u"
-            events.append(Event(ident, f"2025-01-0{1 + k % days}", rng.randrange(0, 60), op, f"b{b}-{j}"))
+            op = "d" if rng.random() < delete_share else "u"
+            events.append(Event(ident, partition_of(k), ordering_of(rng, b), op, f"{tag}b{b}-{j}"))
         out.append(events)
     return out
+
+
+def random_batches(seed: int, batches: int, per_batch: int, keys: int = 150, days: int = 4,
+                   bad_share: float = 0.02) -> list[list[Event]]:
+    """Few keys and a narrow ordering range: in-batch duplicates, ties, late and stale
+    events, deletes followed by older updates, all happen often."""
+    return random_events(seed, batches, per_batch, keys, lambda k: f"2025-01-0{1 + k % days}",
+                         lambda rng, b: rng.randrange(0, 60), delete_share=0.15, bad_share=bad_share)
 
 
 def verify_replicas(cfg) -> list[dict]:

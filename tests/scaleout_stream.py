@@ -14,7 +14,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-from tests.oracle import SCHEMA, Event, expected_rows
+from tests.oracle import SCHEMA, Event, expected_rows, random_events
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.timezone.utc)
 DAYS = 30
@@ -40,17 +39,8 @@ def seed_events(keys: int) -> list[Event]:
 def late_batches(seed: int, keys: int, batches: int, per_batch: int, delete_share: float) -> list[list[Event]]:
     """Events arrive up to 3 batches late: updates older than a delete, stale records and
     in-batch duplicates all occur."""
-    rng = random.Random(seed)
-    out = []
-    for b in range(batches):
-        events = []
-        for j in range(per_batch):
-            k = rng.randrange(keys)
-            op = "d" if rng.random() < delete_share else "u"
-            ts = (b + 1) * 1000 + rng.randrange(-3000, 1000)
-            events.append(Event(f"k{k}", day(k % DAYS), max(ts, 1), op, f"b{b}-{j}"))
-        out.append(events)
-    return out
+    return random_events(seed, batches, per_batch, keys, lambda k: day(k % DAYS),
+                         lambda rng, b: max((b + 1) * 1000 + rng.randrange(-3000, 1000), 1), delete_share)
 
 
 def table_rows(uri: str) -> list[dict]:

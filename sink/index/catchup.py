@@ -49,9 +49,9 @@ def catch_up(
     no records in this shard changes nothing; one whose batch was tagged elsewhere
     applies this shard's entries from the changelog. Every other commit, or one of ours
     the changelog lacks, drops the partitions it touched (they reload on demand, with
-    the tombstone table) — or, for another writer's commit on a table with a change data
-    feed, applies its row-level changes: a deleted row then leaves a tombstone at its own
-    ordering value, the newest the log knows of that key. A missing log entry, or a
+    the tombstone table) — or, for a commit by a writer that is not a sink, on a table
+    with a change data feed, applies its row-level changes: a deleted row then leaves a
+    tombstone at its own ordering value, the newest the log knows of that key. A missing log entry, or a
     replica ahead of the target, empties the replica. Whatever is still staged at the
     end belongs to a batch that did not land and is discarded.
     """
@@ -80,8 +80,9 @@ def catch_up(
             continue
         held = [pid for pid in commit.partitions if replica.has_partition(pid)]
         # The feed's deletes carry the deleted row's ordering, not the delete record's: good
-        # enough for another writer (nothing better is known), too weak for our own deletes.
-        changes = read_changes(version) if held and read_changes and ours is None else None
+        # enough for a writer that is not a sink (nothing better is known), too weak for a
+        # sink's deletes, whose exact ordering a reload takes from the tombstone table.
+        changes = read_changes(version) if held and read_changes and not commit.by_sink else None
         for pid in held:
             if changes is None:
                 replica.drop_partition(pid, invalidated=True)

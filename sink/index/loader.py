@@ -14,6 +14,10 @@ from sink.index.entry import Entry, pack_many
 from sink.lakehouse.predicates import partition_predicate
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
+# Tombstone rows name the writer and batch that wrote them: they count once the table holds
+# that batch (tombstones are written before the batch's commit, so none is ever missing).
+TOMBSTONE_WRITER = "_tombstone_writer_id"
+TOMBSTONE_BATCH = "_tombstone_batch_id"
 # Change types that leave a row in the table, and the one that removes it.
 _UPSERTS = ("insert", "update_postimage")
 _DELETE = "delete"
@@ -38,7 +42,7 @@ def read_partition(
                           shard, num_shards)
     deleted = pa.array(np.zeros(live.num_rows, bool))
     if tombstones is not None:
-        tomb = _key_orderings(pa.table(tombstones.scan(columns=columns, predicate=predicate)), key_cols, ordering,
+        tomb = _key_orderings(committed_tombstones(table, tombstones, predicate, columns), key_cols, ordering,
                               shard, num_shards)
         if tomb.num_rows:
             joined = live.join(tomb.rename_columns(["k", "t"]), "k", join_type="full outer")
@@ -48,6 +52,24 @@ def read_partition(
             live = pa.table({"k": joined.column("k"), "o": pc.if_else(deleted, dead, row)})
     raws = pack_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False))
     return live.column("k").to_pylist(), raws
+
+
+def committed_tombstones(table: DeltaTable, tombstones: DeltaTable, predicate: str, columns: list[str]) -> pa.Table:
+    """The tombstone rows matching `predicate` whose batch `table` (at its loaded version)
+    holds; rows from before tombstones named their batch count always."""
+    names = set(pa.schema(tombstones.schema().to_arrow()).names)
+    if not {TOMBSTONE_WRITER, TOMBSTONE_BATCH} <= names:
+        return pa.table(tombstones.scan(columns=columns, predicate=predicate))
+    scanned = pa.table(tombstones.scan(columns=[*columns, TOMBSTONE_WRITER, TOMBSTONE_BATCH], predicate=predicate))
+    rows = pa.table({c: _plain(scanned.column(c)) for c in scanned.column_names})
+    writers = rows.column(TOMBSTONE_WRITER)
+    committed = pc.is_null(rows.column(TOMBSTONE_BATCH))
+    for writer in pc.unique(writers).drop_null().to_pylist():
+        landed = table.transaction_version(writer)
+        if landed is not None:
+            mine = pc.fill_null(pc.equal(writers, writer), False)
+            committed = pc.or_(committed, pc.and_(mine, pc.less_equal(rows.column(TOMBSTONE_BATCH), landed)))
+    return rows.filter(committed).select(columns)
 
 
 def _key_orderings(data: pa.Table, key_cols, ordering, shard, num_shards) -> pa.Table:

@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from sink.lakehouse.log import read_commit
+from sink.lakehouse.contract import Contract
+from sink.lakehouse.log import CommitSummary, read_commit
 from sink.lakehouse.predicates import merge_predicate, quote_ident
 
 __all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
@@ -33,16 +34,29 @@ class DeltaTarget:
         self.partition_by = list(partition_by)
         self._dt: DeltaTable | None = None
 
-    def open_or_create(self, schema: pa.Schema) -> DeltaTable:
-        """Open the table; create it, empty, from the stream's schema when it does not exist."""
+    def open_or_create(self, schema: pa.Schema, contract: Contract) -> DeltaTable:
+        """Open the table; create it, empty, from the stream's schema and with the sink's
+        contract when it does not exist."""
         if self._dt is None:
             try:
                 self._dt = DeltaTable(self.uri)
             except TableNotFoundError:
                 self._dt = DeltaTable.create(
-                    self.uri, schema, partition_by=self.partition_by or None, mode="ignore"
+                    self.uri, schema, partition_by=self.partition_by or None, mode="ignore",
+                    configuration=contract.properties(), raise_if_key_not_exists=False,
                 )
         return self._dt
+
+    def contract(self) -> Contract | None:
+        return Contract.from_properties(self.table.metadata().configuration)
+
+    def partition_columns(self) -> list[str]:
+        return list(self.table.metadata().partition_columns)
+
+    def record_contract(self, contract: Contract) -> None:
+        """Write the contract into the table's properties (a metadata-only commit)."""
+        self.table.alter.set_table_properties(contract.properties(), raise_if_not_exists=False)
+        self.refresh()
 
     @property
     def table(self) -> DeltaTable:
@@ -82,8 +96,11 @@ class DeltaTarget:
         one, so the app transaction is recorded; otherwise one pruned MERGE.
         Raises CommitFailedError when another writer won the race.
         """
+        # No retries: the commit lands on the version after this snapshot, the one its tags
+        # were checked against, or fails (the caller checks what landed and decides).
         props = CommitProperties(
-            app_transactions=[Transaction(app_id, batch_id)], custom_metadata=dict(custom_metadata)
+            app_transactions=[Transaction(app_id, batch_id)], custom_metadata=dict(custom_metadata),
+            max_commit_retries=0,
         )
         before = self.version()
         schema = self.arrow_schema()
@@ -103,6 +120,12 @@ class DeltaTarget:
             write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
             self.refresh()
         return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(partitions))
+
+    def commits_since(self, version: int) -> list[CommitSummary]:
+        """The commits after `version` up to the loaded one (a gone log entry reads as a
+        commit that may have changed anything)."""
+        return [read_commit(self.uri, v, self.partition_by) or CommitSummary(v, {}, None, {})
+                for v in range(version + 1, self.version() + 1)]
 
     def _landed(self, app_id: str, batch_id: int, after: int) -> int:
         """The version carrying (app_id, batch_id), committed after version `after`: the
@@ -134,11 +157,11 @@ class DeltaTarget:
 
 
 def append_once(
-    uri: str, rows: pa.Table, partition_by: Sequence[str], app_id: str, batch_id: int
+    uri: str, rows: pa.Table, partition_by: Sequence[str], app_id: str, batch_id: int,
+    schema_mode: str | None = None,
 ) -> bool:
-    """Append `rows` to a side table (quarantine, tombstones) unless this batch already did.
-
-    Returns True when it wrote.
+    """Append `rows` to a side table (quarantine, tombstones) unless this batch already did;
+    `schema_mode="merge"` adds columns an older table lacks. Returns True when it wrote.
     """
     if rows.num_rows == 0:
         return False
@@ -151,6 +174,7 @@ def append_once(
         rows,
         mode="append",
         partition_by=list(partition_by) or None,
+        schema_mode=schema_mode,
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
     )
     return True

@@ -32,6 +32,16 @@ class CommitSummary:
             return None
         return frozenset(int(s) for s in str(raw).split(",") if s)
 
+    @property
+    def by_sink(self) -> bool:
+        """Written by an upsert sink (of any writer id)."""
+        return SHARDS_PROPERTY in self.commit_info
+
+    def author(self) -> str:
+        """Who made the commit, for messages: a writer id, else the operation."""
+        apps = ", ".join(f"writer {a!r}" for a in self.app_versions)
+        return apps or f"a {self.commit_info.get('operation', 'commit')} (version {self.version})"
+
     def sink_int(self, name: str) -> int | None:
         """An integer the sink recorded in the commit's metadata (NUM_SHARDS_PROPERTY, ...)."""
         raw = self.commit_info.get(name)
@@ -58,10 +68,15 @@ def read_commit(table_uri: str, version: int, partition_cols: list[str]) -> Comm
     return parse_commit(version, text, partition_cols)
 
 
+# Operations that change only table properties: no row changes.
+_PROPERTIES_ONLY = ("SET TBLPROPERTIES",)
+
+
 def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSummary:
     apps: dict[str, int] = {}
     touched: set[str] | None = set()
     info: dict[str, Any] = {}
+    metadata_changed = False
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -71,7 +86,7 @@ def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSu
         elif "commitInfo" in action:
             info = action["commitInfo"]
         elif "metaData" in action and version > 0:
-            touched = None  # schema or partitioning changed: trust nothing
+            metadata_changed = True
         elif touched is not None and ("add" in action or "remove" in action):
             file_action = action.get("add") or action.get("remove")
             if not file_action.get("dataChange", True):
@@ -82,6 +97,8 @@ def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSu
                 continue
             values = values or {}
             touched.add(keys.partition_id(partition_cols, [values.get(c) for c in partition_cols]))
+    if metadata_changed and info.get("operation") not in _PROPERTIES_ONLY:
+        touched = None  # schema or partitioning changed: trust nothing
     return CommitSummary(
         version=version,
         app_versions=apps,

@@ -5,13 +5,14 @@ import signal
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from sink import keys
 from sink.errors import PartitionLoadError
 from sink.index.catchup import catch_up
 from sink.index.entry import Entry
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
+from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER
 from sink.index.replica import ShardReplica
 from sink.lakehouse.log import read_commit
 
@@ -206,3 +207,23 @@ def test_delete_learned_by_a_partition_reload_carries_the_delete_records_orderin
                         [f"dt={day}"], "on_demand")
         assert replica.lookup(f"dt={day}", [b"gone", b"back", b"live"]) == [
             Entry(micros[1], True), Entry(micros[2], False), Entry(micros[2], False)]
+
+
+def test_a_reload_counts_a_tombstone_only_once_the_table_holds_its_batch(tmp_path):
+    """Tombstones are written before their batch's commit: a batch that has not landed (or
+    never will) deletes nothing yet."""
+    uri, tomb_uri = str(tmp_path / "t"), str(tmp_path / "tombstones")
+    day = NOW.date().isoformat()
+    ts = pa.array([NOW - dt.timedelta(minutes=m) for m in (30, 20, 10)], pa.timestamp("us", tz="UTC"))
+    write_deltalake(uri, pa.table({"id": ["a", "b", "c"], "dt": [day] * 3, "event_time": ts}), partition_by=["dt"],
+                    commit_properties=CommitProperties(app_transactions=[Transaction("w", 2)]))
+    later = pa.array([NOW] * 3, pa.timestamp("us", tz="UTC"))
+    write_deltalake(tomb_uri, pa.table({
+        "id": ["a", "b", "c"], "dt": [day] * 3, "event_time": later,
+        TOMBSTONE_WRITER: ["w", "w", "other"], TOMBSTONE_BATCH: pa.array([2, 3, 0], pa.int64())}), partition_by=["dt"])
+    with ShardReplica.open(tmp_path / "r", "spec") as replica:
+        load_partitions(replica, source(uri, shard=0, num_shards=1, tombstones=DeltaTable(tomb_uri)),
+                        [f"dt={day}"], "on_demand")
+        found = replica.lookup(f"dt={day}", [b"a", b"b", b"c"])
+    # a: batch 2 of w is in the table; b: batch 3 is not yet; c: writer "other" never committed.
+    assert [e.deleted for e in found] == [True, False, False]

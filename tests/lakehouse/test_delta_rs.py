@@ -3,11 +3,14 @@ import json
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from deltalake.schema import Field as DeltaField
 
+from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import read_commit
 
 SCHEMA = pa.schema([("id", pa.string()), ("dt", pa.string()), ("ts", pa.int64()), ("v", pa.string())])
+CONTRACT = Contract(("id",), ("dt",), "ts", "partitioned")
 
 
 def rows(*records):
@@ -24,7 +27,7 @@ def contents(uri):
 @pytest.fixture
 def target(tmp_path):
     t = DeltaTarget(str(tmp_path / "t"), ["dt"])
-    t.open_or_create(SCHEMA)
+    t.open_or_create(SCHEMA, CONTRACT)
     return t
 
 
@@ -71,10 +74,25 @@ def test_merge_guard_never_lets_an_older_row_overwrite(target):
 def test_a_concurrent_writer_makes_the_merge_fail_with_commit_failed(target):
     commit(target, rows(("a", "d1", 1, "x", "insert")), 0)
     stale_view = DeltaTarget(target.uri, ["dt"])
-    stale_view.open_or_create(SCHEMA)
+    stale_view.open_or_create(SCHEMA, CONTRACT)
     commit(target, rows(("a", "d1", 2, "y", "update")), 1)
     with pytest.raises(CommitFailedError):
         stale_view.commit(rows(("a", "d1", 3, "z", "update")), ["id"], "ts", "other", 0, {}, True)
+
+
+def test_a_concurrent_writer_makes_an_append_fail_too_never_rebased_past_it(target):
+    commit(target, rows(("a", "d1", 1, "x", "insert")), 0)
+    stale_view = DeltaTarget(target.uri, ["dt"])
+    stale_view.open_or_create(SCHEMA, CONTRACT)
+    commit(target, rows(("b", "d1", 2, "y", "insert")), 1)
+    with pytest.raises(CommitFailedError):
+        stale_view.commit(rows(("b", "d1", 3, "z", "insert")), ["id"], "ts", "other", 0, {}, True)
+    assert [r["id"] for r in contents(target.uri)] == ["a", "b"]
+
+
+def test_a_new_table_records_the_contract(target):
+    assert target.contract() == CONTRACT
+    assert DeltaTable(target.uri).metadata().configuration["upsert_sink.key"] == '["id"]'
 
 
 def test_append_once_is_idempotent_per_batch(tmp_path):
@@ -105,6 +123,13 @@ def test_compaction_changes_no_partition(target):
     summary = read_commit(target.uri, version, ["dt"])
     assert summary.commit_info["operation"] == "OPTIMIZE"
     assert summary.partitions == frozenset()
+
+
+def test_a_property_change_changes_no_partition_a_schema_change_may_change_all(target):
+    target.record_contract(Contract(("id", "v"), ("dt",), "ts", "partitioned"))
+    assert read_commit(target.uri, target.version(), ["dt"]).partitions == frozenset()
+    DeltaTable(target.uri).alter.add_columns(DeltaField("extra", "string"))
+    assert read_commit(target.uri, DeltaTable(target.uri).version(), ["dt"]).partitions is None
 
 
 def test_a_foreign_write_is_seen_with_its_partitions(target):

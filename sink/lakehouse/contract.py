@@ -1,0 +1,52 @@
+"""The sink's contract with its table, kept as table properties.
+
+What the index and the MERGE assume about the table — key columns, partition columns,
+ordering column, scope and how keys are encoded — is recorded in the table's properties
+when the sink first writes to it. A sink whose config says otherwise refuses to start:
+restarting with `key = ["order_id"]` on a table keyed by tenant and order would otherwise
+overwrite other tenants' rows. A deliberate change goes through `python -m sink contract
+--rewrite`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sink.keys import KEY_ENCODING
+
+PREFIX = "upsert_sink."
+_FIELDS = ("key", "partition_by", "ordering", "scope", "key_encoding")
+
+
+@dataclass(frozen=True)
+class Contract:
+    key: tuple[str, ...]
+    partition_by: tuple[str, ...]
+    ordering: str
+    scope: str
+    key_encoding: str = KEY_ENCODING
+
+    @classmethod
+    def of(cls, config) -> Contract:
+        """The contract a `SinkConfig` asks for."""
+        return cls(tuple(config.key), tuple(config.partition_by), config.ordering, config.scope)
+
+    def properties(self) -> dict[str, str]:
+        return {PREFIX + name: json.dumps(list(v) if isinstance(v, tuple) else v)
+                for name, v in ((n, getattr(self, n)) for n in _FIELDS)}
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, str | None]) -> Contract | None:
+        """The contract recorded in a table's properties; None when there is none (yet)."""
+        if not any(k.startswith(PREFIX) for k in properties):
+            return None
+        values = {n: json.loads(properties.get(PREFIX + n) or "null") for n in _FIELDS}
+        return cls(tuple(values["key"] or ()), tuple(values["partition_by"] or ()), values["ordering"] or "",
+                   values["scope"] or "", values["key_encoding"] or "")
+
+    def differences(self, other: Contract) -> list[str]:
+        """`name: this value, other value` for every field that differs."""
+        return [f"{n}: {getattr(self, n)!r} vs {getattr(other, n)!r}" for n in _FIELDS
+                if getattr(self, n) != getattr(other, n)]
