@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sink.config import SinkConfig
@@ -23,6 +25,7 @@ from sink.index.entry import unpack_many
 from sink.index.lifecycle import ShardSource, bootstrap
 from sink.index.loader import read_partition
 from sink.index.replica import ShardReplica, replica_path, replica_spec
+from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import read_commit
 
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
@@ -67,7 +70,13 @@ def _iso(ts: float) -> str:
 def inspect(ctx: Context) -> dict:
     shards = []
     for shard, of, path in ctx.replicas():
-        with ShardReplica.open_read_only(path) as replica:
+        try:
+            replica = ShardReplica.open_read_only(path)
+        except Exception as e:  # damaged: the sink wipes and rebuilds it on its next open
+            shards.append({"shard": shard, "of": of, "path": str(path), "error": str(e).splitlines()[0],
+                           "partitions": []})
+            continue
+        with replica:
             sizes = replica.partition_sizes()
             partitions = [
                 {"partition": pid, "entries": sizes[pid][0], "bytes": sizes[pid][1], "reason": info.reason,
@@ -87,6 +96,9 @@ def print_inspect(report: dict) -> None:
     if not report["shards"]:
         print("no replicas on this machine")
     for s in report["shards"]:
+        if "error" in s:
+            print(f"\nshard {s['shard']} of {s['of']}: cannot be read: {s['error']}")
+            continue
         entries = sum(p["entries"] for p in s["partitions"])
         size = sum(p["bytes"] for p in s["partitions"])
         print(f"\nshard {s['shard']} of {s['of']}: version {s['version']}, {len(s['partitions'])} partitions, "
@@ -126,6 +138,9 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
     for shard in range(num_shards):
         path = replica_path(ctx.index_root, ctx.table.metadata().id, shard, num_shards)
         with ShardReplica.open(path, spec) as replica:
+            if replica.repaired:
+                print(f"shard {shard}: was damaged ({replica.repaired}); wiped, bootstrapping", file=sys.stderr)
+
             def own_changes(v: int, batch: int, shard=shard):
                 header = changelog.Header(ctx.table.metadata().id, cfg.resolved_writer_id, batch, num_shards, spec)
                 return changelog.read(cfg.resolved_changelog_uri, v, header, shard)
@@ -150,25 +165,33 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
 
 
 def verify(ctx: Context) -> list[dict]:
-    """Every replica against the table at the replica's version: one result per shard."""
-    cfg = ctx.cfg
+    """Every replica against the table at the replica's version: one result per shard (with
+    `error` where the replica cannot be read, e.g. damaged files)."""
     results = []
     for shard, of, path in ctx.replicas():
-        with ShardReplica.open_read_only(path) as replica:
-            version = replica.version
-            problems: list[str] = []
-            checked = 0
-            if version is not None:
-                table = DeltaTable(cfg.table_uri, version=version)
-                for pid in sorted(replica.partitions()):
-                    keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
-                    live = dict(zip(keys, unpack_many(raws)[1].tolist()))
-                    held = dict(replica.entries(pid))
-                    checked += len(held)
-                    problems += _compare(pid, live, held)
-            results.append({"shard": shard, "of": of, "version": version, "entries_checked": checked,
-                            "mismatches": len(problems), "examples": problems[:10]})
+        try:
+            results.append(_verify_shard(ctx.cfg, shard, of, path))
+        except Exception as e:  # reported per shard; the sink wipes and rebuilds such a replica
+            results.append({"shard": shard, "of": of, "version": None, "entries_checked": 0, "mismatches": 0,
+                            "examples": [], "error": str(e).splitlines()[0]})
     return results
+
+
+def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
+    with ShardReplica.open_read_only(path) as replica:
+        version = replica.version
+        problems: list[str] = []
+        checked = 0
+        if version is not None:
+            table = DeltaTable(cfg.table_uri, version=version)
+            for pid in sorted(replica.partitions()):
+                keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
+                live = dict(zip(keys, unpack_many(raws)[1].tolist()))
+                held = dict(replica.entries(pid))
+                checked += len(held)
+                problems += _compare(pid, live, held)
+    return {"shard": shard, "of": of, "version": version, "entries_checked": checked,
+            "mismatches": len(problems), "examples": problems[:10]}
 
 
 def _compare(pid: str, live: dict[bytes, int], held: dict) -> list[str]:
@@ -187,6 +210,51 @@ def _compare(pid: str, live: dict[bytes, int], held: dict) -> list[str]:
     return out
 
 
+# --- contract ---------------------------------------------------------------------------------
+
+
+def contract(ctx: Context, rewrite: bool) -> tuple[int, list[str]]:
+    """Compare the table's recorded contract with the config's; with `rewrite`, record the
+    config's after checking that the table's rows satisfy it. (exit code, lines to print)"""
+    cfg, table = ctx.cfg, ctx.table
+    wanted, recorded = Contract.of(cfg), Contract.from_properties(table.metadata().configuration)
+    shown = f"key {list(wanted.key)}, partition_by {list(wanted.partition_by)}, ordering {wanted.ordering!r}, " \
+            f"scope {wanted.scope!r}"
+    if not rewrite:
+        if recorded is None:
+            return 0, [f"{cfg.table_uri} records no contract yet; the sink records the config's on its first batch: "
+                       f"{shown}"]
+        if recorded == wanted:
+            return 0, [f"table and config agree: {shown}"]
+        return 1, ["the table records another contract than the config (table vs config):",
+                   *(f"  {d}" for d in recorded.differences(wanted)),
+                   "change it deliberately with --rewrite (checks the table's rows against the config's)"]
+    problems = _unmet(table, wanted)
+    if problems:
+        return 1, [f"not recorded: the table does not satisfy the config's contract ({shown}):",
+                   *(f"  {p}" for p in problems)]
+    table.alter.set_table_properties(wanted.properties(), raise_if_not_exists=False)
+    return 0, [f"recorded: {shown}", "replicas built under the old contract are rebuilt when a task next opens them"]
+
+
+def _unmet(table: DeltaTable, wanted: Contract) -> list[str]:
+    """Why the table's rows do not satisfy `wanted` (no problem: empty)."""
+    columns = set(pa.schema(table.schema().to_arrow()).names)
+    missing = [c for c in (*wanted.key, *wanted.partition_by, wanted.ordering) if c not in columns]
+    if missing:
+        return [f"column(s) {missing} are not in the table"]
+    if list(table.metadata().partition_columns) != list(wanted.partition_by):
+        return [f"the table is partitioned by {list(table.metadata().partition_columns)}, not "
+                f"{list(wanted.partition_by)} (a rewrite cannot repartition it)"]
+    unique_by = [*wanted.key, *(wanted.partition_by if wanted.scope == "partitioned" else ())]
+    counts = pa.table(table.to_pyarrow_table(columns=unique_by)).group_by(unique_by).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+    if repeated.num_rows:
+        example = repeated.slice(0, 1).drop_columns(["count_all"]).to_pylist()[0]
+        return [f"{repeated.num_rows} key(s) have several rows under {unique_by}, e.g. {example}"]
+    return []
+
+
 # --- entry point ------------------------------------------------------------------------------
 
 
@@ -195,13 +263,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in [("inspect", "what each shard replica holds"),
                        ("bootstrap", "pre-warm replicas with the hot window"),
-                       ("verify", "compare replicas with the table; exit 1 on a mismatch")]:
+                       ("verify", "compare replicas with the table; exit 1 on a mismatch, 2 on an unreadable replica"),
+                       ("contract", "compare the table's recorded contract with the config; exit 1 when they differ")]:
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="TOML file with a [sink] table")
         p.add_argument("--index-dir", help="replicas' root (default: the config's, else Spark's local dir)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if name == "bootstrap":
             p.add_argument("--num-shards", type=int, help="default: the config's num_shards, else the CPU count")
+        if name == "contract":
+            p.add_argument("--rewrite", action="store_true",
+                           help="record the config's contract (after checking the table's rows against it)")
     args = parser.parse_args(argv)
     try:
         ctx = _context(args)
@@ -215,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print_inspect(report)
         return 0
+    if args.command == "contract":
+        code, lines = contract(ctx, args.rewrite)
+        print("\n".join(lines))
+        return code
     if args.command == "bootstrap":
         shards = args.num_shards or ctx.cfg.num_shards or os.cpu_count() or 1
         results = prewarm(ctx, shards, time.time())
@@ -223,13 +299,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = verify(ctx)
     bad = sum(r["mismatches"] for r in results)
+    errors = [r for r in results if "error" in r]
     if args.json:
-        print(json.dumps({"ok": bad == 0, "shards": results}, indent=2))
+        print(json.dumps({"ok": bad == 0 and not errors, "shards": results}, indent=2))
     else:
         for r in results:
+            if "error" in r:
+                print(f"shard {r['shard']} of {r['of']}: cannot be read: {r['error']}")
+                continue
             print(f"shard {r['shard']} of {r['of']} at version {r['version']}: {r['entries_checked']} entries, "
                   f"{r['mismatches']} mismatches")
             for example in r["examples"]:
                 print(f"  {example}")
-        print("OK: every replica matches the table" if bad == 0 else f"MISMATCH: {bad} entries differ")
-    return 1 if bad else 0
+        if errors:
+            print(f"ERROR: {len(errors)} replica(s) cannot be read (the sink wipes and rebuilds a damaged replica "
+                  "when a task next opens it; `python -m sink bootstrap` does it now)")
+        if bad:
+            print(f"MISMATCH: {bad} entries differ")
+        elif not errors:
+            print("OK: every replica matches the table")
+    return 2 if errors else 1 if bad else 0

@@ -29,7 +29,7 @@ from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import read_changes
-from sink.index.replica import ShardReplica, replica_path, replica_spec
+from sink.index.replica import ShardReplica, is_corruption, replica_path, replica_spec, wipe_damaged
 from sink.lakehouse.log import read_commit
 from sink.tagging import tag
 
@@ -108,7 +108,8 @@ LOAD_REASONS = ("bootstrap", "on_demand", "invalidated")
 def new_stats() -> dict:
     return {
         "shard_ids": [], "loads": dict.fromkeys(LOAD_REASONS, 0), "load_seconds": 0.0, "loaded_keys": 0,
-        "commits_read": 0, "invalidated": 0, "evicted": 0, "rebuilt": 0, "shard_moves": 0, "changelog_applied": 0,
+        "commits_read": 0, "invalidated": 0, "evicted": 0, "rebuilt": 0, "replicas_repaired": 0, "shard_moves": 0,
+        "changelog_applied": 0,
         "lookups": {"memory": 0, "rocksdb": 0, "miss": 0}, "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
     }
@@ -199,10 +200,24 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: 
 
 
 def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.Table:
+    """Tag one shard's records; a replica found damaged while reading is wiped and the
+    shard tagged again on a rebuilt one (damage found on open is repaired by the open)."""
+    path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
+    try:
+        return _tag_shard_on(ctx, shard, rows, stats, path)
+    except Exception as e:
+        if not is_corruption(e):
+            raise
+        wipe_damaged(path, e)
+        stats["replicas_repaired"] += 1
+        return _tag_shard_on(ctx, shard, rows, stats, path)
+
+
+def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, path) -> pa.Table:
     started = time.perf_counter()
     pids = keys.partition_ids(rows, ctx.partition_cols)
-    path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
     with _replica(ctx, path) as replica:
+        stats["replicas_repaired"] += replica.repaired is not None
         source = prepare_replica(ctx, replica, shard, stats)
         needed = pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]

@@ -26,6 +26,9 @@ CHANGELOG_APPLIED = Counter(
     "upsert_sink_index_changelog_entries_applied", "Index changelog entries applied by catching-up replicas",
     _LABEL,
 )
+REPLICAS_REPAIRED = Counter(
+    "upsert_sink_index_replicas_repaired", "Shard replicas found damaged, wiped and rebuilt from the table", _LABEL,
+)
 LOAD_FAILURES = Counter(
     "upsert_sink_index_load_failures", "Batches failed by a partition that would not load", _LABEL
 )
@@ -85,6 +88,7 @@ def publish(sink: str, report) -> None:
     for reason, n in report.partition_loads.items():
         PARTITION_LOADS.labels(sink, reason).inc(n)
     SHARD_MOVES.labels(sink).inc(report.shard_moves)
+    REPLICAS_REPAIRED.labels(sink).inc(report.replicas_repaired)
     CHANGELOG_APPLIED.labels(sink).inc(report.changelog_applied)
     if any(report.partition_loads.values()):
         LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)

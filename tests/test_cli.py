@@ -87,3 +87,23 @@ def test_errors_are_clear(tmp_path, capsys):
     code, out = run(capsys, "inspect", "--config", str(conf))
     assert code == 2 and "no Delta table at" in out.err
     assert not DeltaTable.is_deltatable(str(tmp_path / "nowhere"))
+
+
+def test_contract_shows_records_and_refuses_a_key_the_rows_do_not_satisfy(setup, capsys):
+    conf, rows = setup
+    code, out = run(capsys, "contract", "--config", str(conf))
+    assert code == 0 and "records no contract yet" in out.out
+    code, out = run(capsys, "contract", "--config", str(conf), "--rewrite")
+    assert code == 0 and "recorded: key ['id'], partition_by ['dt'], ordering 'ts'" in out.out
+    code, out = run(capsys, "contract", "--config", str(conf))
+    assert code == 0 and "table and config agree" in out.out
+
+    # Keyed by the date alone, a partition's 50 rows share one key: refused, nothing recorded.
+    conf.write_text(conf.read_text().replace('key = ["id"]\npartition_by = ["dt"]',
+                                             'key = ["ts"]\npartition_by = ["dt"]\nordering = "id"')
+                    .replace('ordering = "ts"\n', ""))
+    code, out = run(capsys, "contract", "--config", str(conf))
+    assert code == 1 and "key: ('id',) vs ('ts',)" in out.out and "ordering: 'ts' vs 'id'" in out.out
+    code, out = run(capsys, "contract", "--config", str(conf), "--rewrite")
+    assert code == 1 and "10 key(s) have several rows under ['ts', 'dt']" in out.out
+    assert DeltaTable(str(conf.parent / "table")).metadata().configuration["upsert_sink.key"] == '["id"]'

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import shutil
 import threading
@@ -41,6 +42,8 @@ from sink.errors import ReplicaLockedError
 from sink.index.entry import CHANGES_SCHEMA, Entry, pack_many
 from sink.index.hot_tier import HotTier, tier_for
 
+log = logging.getLogger("sink.index")
+
 FORMAT_VERSION = "1"
 PARTITION_CF_PREFIX = "p:"
 _META_FORMAT = b"format"
@@ -62,6 +65,22 @@ def changes_table(changes: Mapping[str, Mapping[bytes, Entry]]) -> pa.Table:
     rows = [(pid, key, e.ordering, e.deleted) for pid, entries in changes.items() for key, e in entries.items()]
     return pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(zip(*rows), CHANGES_SCHEMA)]
                                 if rows else [pa.array([], f.type) for f in CHANGES_SCHEMA], schema=CHANGES_SCHEMA)
+
+
+def is_corruption(error: BaseException) -> bool:
+    """RocksDB found the replica's files damaged (truncated SST, checksum mismatch, bad MANIFEST)."""
+    return "Corruption" in str(error)
+
+
+def wipe_damaged(path: Path, error: BaseException) -> str:
+    """Delete a damaged replica (it rebuilds from the table); returns the reason, logged."""
+    reason = str(error).splitlines()[0]
+    log.warning("replica %s is damaged (%s): wiped, it rebuilds from the table", path, reason)
+    kept = _KEPT_OPEN.pop(str(path), None)
+    if kept is not None:
+        kept._abandon()
+    shutil.rmtree(path, ignore_errors=True)
+    return reason
 
 
 def replica_spec(key_cols, partition_cols, ordering: str) -> str:
@@ -112,6 +131,7 @@ class ShardReplica:
         self._lock = threading.Lock()
         self.read_only = read_only
         self.tier = tier or HotTier(0)
+        self.repaired: str | None = None  # why the replica was found damaged and wiped on open
         # Lookup counts of this open: distinct keys found in memory, in RocksDB, or not found.
         self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0}
         if not read_only:
@@ -141,14 +161,36 @@ class ShardReplica:
              hot_cache_entries: int = 0, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> ShardReplica:
         """Open (or create) the replica at `path` for the given key spec.
 
-        A replica of another format or key spec, or one a killed process left dirty,
-        is wiped: it costs a reload, never correctness.
+        A replica of another format or key spec, one a killed process left dirty, or one
+        whose files are damaged is wiped: it costs a reload, never correctness.
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        db = _open_locked(path, lock_timeout_s, block_cache_bytes)
-        replica = cls(path, db, block_cache_bytes=block_cache_bytes)
-        if not replica._usable(spec):
+        repaired = None
+        try:
+            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes)
+        except Exception as e:  # rocksdict raises a bare Exception
+            if not is_corruption(e):
+                raise
+            repaired = wipe_damaged(path, e)
+            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes)
+        replica.tier = tier_for(str(path), hot_cache_entries, replica._db.get(_META_TOKEN))
+        replica._db[_META_DIRTY] = b"1"
+        replica._db.flush()
+        replica.repaired = repaired
+        return replica
+
+    @classmethod
+    def _open_for(cls, path: Path, spec: str, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica:
+        """Open read-write; a replica not usable for `spec` is replaced by an empty one."""
+        path.mkdir(parents=True, exist_ok=True)
+        replica = cls(path, _open_locked(path, lock_timeout_s, block_cache_bytes), block_cache_bytes=block_cache_bytes)
+        try:
+            usable = replica._usable(spec)
+        except Exception:
+            replica._close_db()  # frees RocksDB's lock on the path before the caller wipes it
+            raise
+        if not usable:
             replica._close_db()
             shutil.rmtree(path)
             path.mkdir(parents=True)
@@ -156,9 +198,6 @@ class ShardReplica:
                           block_cache_bytes=block_cache_bytes)
             replica._db[_META_FORMAT] = FORMAT_VERSION.encode()
             replica._db[_META_SPEC] = spec.encode()
-        replica.tier = tier_for(str(path), hot_cache_entries, replica._db.get(_META_TOKEN))
-        replica._db[_META_DIRTY] = b"1"
-        replica._db.flush()
         return replica
 
     def _usable(self, spec: str) -> bool:
@@ -228,7 +267,13 @@ class ShardReplica:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        try:  # the error in flight is the one to report, not a second one from closing
+            self.close()
+        except Exception:
+            self._abandon()
 
     # --- version and staging metadata ----------------------------------------------------------
 
@@ -475,10 +520,20 @@ _KEPT_OPEN: dict[str, ShardReplica] = {}
 
 
 def close_kept_open() -> None:
-    """Close the replicas `acquire` kept open (at exit, so they are found clean next time)."""
+    """Close the replicas `acquire` kept open (at exit, so they are found clean next time).
+    One whose directory is gone, or that fails to close, is let go: it is wiped on its next
+    open, which costs a reload, never correctness."""
     for replica in list(_KEPT_OPEN.values()):
         _KEPT_OPEN.pop(str(replica.path), None)
-        replica.close()
+        if not (replica.path / "CURRENT").exists():
+            replica._abandon()
+            continue
+        try:
+            replica.close()
+        except Exception as e:
+            log.warning("replica %s could not be closed cleanly (%s); it rebuilds on its next open",
+                        replica.path, str(e).splitlines()[0])
+            replica._abandon()
 
 
 def _open_locked(path: Path, timeout_s: float, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> Rdict:

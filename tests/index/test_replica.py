@@ -4,6 +4,7 @@ import pytest
 
 from sink.index.entry import Entry
 from sink.index.replica import ShardReplica, close_kept_open, replica_path
+from tests import damage
 
 SPEC = '{"key": ["id"]}'
 
@@ -112,3 +113,22 @@ def test_acquire_keeps_a_replica_open_until_its_directory_goes(path):
     close_kept_open()
     with ShardReplica.open(path, SPEC) as reopened:  # closed clean: nothing is wiped
         assert reopened.lookup("q", [b"b"]) == [Entry(2)]
+
+
+def test_a_replica_with_a_truncated_file_is_wiped_on_open_and_says_why(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.set_version(4)
+        r.load_partition("p", [f"k{i}".encode() for i in range(3000)], [Entry(i) for i in range(3000)], "on_demand")
+    damage.truncate(path)
+    with ShardReplica.open(path, SPEC) as r:
+        assert r.repaired.startswith("Corruption: Sst file size mismatch")
+        assert (r.version, r.partitions()) == (None, {})  # empty: the caller bootstraps it
+    with ShardReplica.open(path, SPEC) as r:
+        assert r.repaired is None
+
+
+def test_at_exit_a_kept_replica_whose_directory_was_removed_is_let_go_quietly(path, caplog):
+    ShardReplica.acquire(path, SPEC).load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+    shutil.rmtree(path.parent)  # a benchmark or test removed its data dir before the process ended
+    close_kept_open()  # no exception: nothing is left to save
+    assert not path.exists() and caplog.records == []
