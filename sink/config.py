@@ -17,6 +17,7 @@ SCOPES = ("partitioned", "global")
 ENGINES = ("deltalake", "delta-spark")
 TIES = ("incoming", "existing")
 TAG_ON = ("executors", "driver")
+SCHEMA_EVOLUTION = ("add_columns", "fail")
 
 
 @dataclass
@@ -64,6 +65,8 @@ class SinkConfig:
     changelog_uri: str | None = None
     changelog_retention_versions: int = 1000
     max_commit_retries: int = 3
+    # A stream column the table lacks: added to the table in the batch's commit, or refused.
+    schema_evolution: str = "add_columns"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,6 +110,7 @@ class SinkConfig:
         _require_choice("engine", self.engine, ENGINES)
         _require_choice("ties", self.ties, TIES)
         _require_choice("tag_on", self.tag_on, TAG_ON)
+        _require_choice("schema_evolution", self.schema_evolution, SCHEMA_EVOLUTION)
         if self.scope == "global":
             raise ConfigError("scope = 'global' is not implemented yet; accepted: 'partitioned'")
         if self.engine == "delta-spark":

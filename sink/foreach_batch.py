@@ -32,6 +32,7 @@ from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER, has_change_data
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
+from sink.lakehouse.schema import added_columns
 from sink.prepare import prepare, tagged_schema, validate_stream
 from sink.tagging import DELETE, OPS, TOMBSTONE
 
@@ -58,6 +59,9 @@ class BatchReport:
     invalidated: int = 0
     replicas_rebuilt: int = 0  # replicas found new or unusable, bootstrapped
     replicas_repaired: int = 0  # of those, found damaged (files truncated or corrupt) and wiped
+    # Keys with records in several partitions of this batch: each partition gets its own row
+    # (partitioned scope), which may not be what the user meant.
+    keys_in_several_partitions: int = 0
     # Shard replicas behind on batches this writer tagged on other executors, and the
     # changelog entries they applied to catch up.
     shard_moves: int = 0
@@ -109,10 +113,22 @@ class UpsertSink:
         return self.config.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
 
     def validate(self, df: DataFrame) -> None:
-        """Check the stream against the config; the job calls it before starting the query."""
+        """Check the stream against the config and, when the table exists, against the
+        table's schema; the job calls it before starting the query."""
         if self._validated != df.schema:
             validate_stream(self.config, df)
+            if self._target.exists():
+                self._added_columns(df)
             self._validated = df.schema
+
+    def _added_columns(self, df: DataFrame) -> list[pa.Field]:
+        """The stream's columns the table lacks (added in the batch's commit); SchemaError for
+        a dropped column or a type whose values a cast would change."""
+        cfg = self.config
+        roles = {**dict.fromkeys(cfg.key, "key"), **dict.fromkeys(cfg.partition_by, "partition_by"),
+                 cfg.ordering: "ordering"}
+        return added_columns(to_arrow_schema(df.schema, timezone="UTC"), self._target.arrow_schema(), roles,
+                             cfg.schema_evolution)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -122,6 +138,10 @@ class UpsertSink:
         self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"), self._contract)
         self._target.refresh()
         self._check_contract()
+        added = self._added_columns(batch_df)
+        if added:
+            log.warning("batch %s adds column(s) %s to %s (schema_evolution = 'add_columns')", batch_id,
+                        [f.name for f in added], cfg.table_uri)
         committed = self._target.transaction_version(self.writer_id)
         if committed is not None and batch_id < committed:
             raise WriterIdReusedError(
@@ -136,7 +156,7 @@ class UpsertSink:
             report.table_version = self._target.version()
         else:
             num_shards = self._num_shards(batch_df)
-            self._process(prepare(batch_df, cfg, num_shards), batch_df, batch_id, num_shards, report)
+            self._process(prepare(batch_df, cfg, num_shards), batch_df, batch_id, num_shards, added, report)
         report.total_seconds = time.perf_counter() - started
         metrics.publish(self.writer_id, report)
         self.reports.append(report)
@@ -163,7 +183,7 @@ class UpsertSink:
             )
 
     def _process(self, prepared: DataFrame, batch_df: DataFrame, batch_id: int, num_shards: int,
-                 report: BatchReport) -> None:
+                 added: list[pa.Field], report: BatchReport) -> None:
         """One Spark job per tagging: route, tag (bad records pass through as quarantined),
         collect; then quarantine, tombstones and the commit from the collected output.
 
@@ -192,7 +212,7 @@ class UpsertSink:
             commit_started = time.perf_counter()
             snapshot = self._target.version()
             try:
-                self._commit(records, ctx, shards, report)
+                self._commit(records, ctx, shards, added, report)
                 if self._changelog_uri and report.mode in ("append", "merge"):
                     self._write_changelog(records, ctx, report.table_version)
                 report.commit_seconds += time.perf_counter() - commit_started
@@ -293,11 +313,29 @@ class UpsertSink:
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(report, name, sum(s[name] for s in stats_rows))
         report.replicas_rebuilt = sum(s["rebuilt"] for s in stats_rows)
+        report.keys_in_several_partitions = self._keys_in_several_partitions(records, report.batch_id)
         report.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
         shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
         return records, shards
 
-    def _commit(self, records: pa.Table, ctx: TaskContext, shards: list[int], report: BatchReport) -> None:
+    def _keys_in_several_partitions(self, records: pa.Table, batch_id: int) -> int:
+        """Count (and log, with an example) keys whose records name several partitions."""
+        if not self.config.partition_by:
+            return 0
+        valid = records.filter(pc.is_null(records.column(C.REASON)))
+        per_key = pa.table({"k": valid.column(C.KEY), "p": keys.partition_ids(valid, self.config.partition_by)}) \
+            .group_by("k").aggregate([("p", "count_distinct"), ("p", "distinct")])
+        spread = per_key.filter(pc.greater(per_key.column("p_count_distinct"), 1))
+        if spread.num_rows:
+            example = spread.slice(0, 1).to_pylist()[0]
+            log.warning("batch %s: %s key(s) have records in several partitions, each kept as its own row "
+                        "(scope = 'partitioned'), e.g. key %r in %s; if a key should live in one partition "
+                        "only, that needs scope = 'global'", batch_id, spread.num_rows, example["k"],
+                        sorted(example["p_distinct"]))
+        return spread.num_rows
+
+    def _commit(self, records: pa.Table, ctx: TaskContext, shards: list[int], added: list[pa.Field],
+                report: BatchReport) -> None:
         writes = records.filter(pc.is_valid(records.column(C.WRITE)))
         if writes.num_rows == 0:
             report.mode = "none"
@@ -314,6 +352,7 @@ class UpsertSink:
             custom_metadata={SHARDS_PROPERTY: ",".join(map(str, shards)), NUM_SHARDS_PROPERTY: str(ctx.num_shards),
                              READ_VERSION_PROPERTY: str(ctx.table_version)},
             incoming_wins_ties=self.config.incoming_wins_ties,
+            added_columns=added,
         )
         report.mode = outcome.mode
         report.table_version = outcome.version

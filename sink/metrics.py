@@ -29,6 +29,10 @@ CHANGELOG_APPLIED = Counter(
 REPLICAS_REPAIRED = Counter(
     "upsert_sink_index_replicas_repaired", "Shard replicas found damaged, wiped and rebuilt from the table", _LABEL,
 )
+KEYS_IN_SEVERAL_PARTITIONS = Counter(
+    "upsert_sink_keys_in_several_partitions",
+    "Keys with records in several partitions of one batch (each partition keeps its own row)", _LABEL,
+)
 LOAD_FAILURES = Counter(
     "upsert_sink_index_load_failures", "Batches failed by a partition that would not load", _LABEL
 )
@@ -89,6 +93,7 @@ def publish(sink: str, report) -> None:
         PARTITION_LOADS.labels(sink, reason).inc(n)
     SHARD_MOVES.labels(sink).inc(report.shard_moves)
     REPLICAS_REPAIRED.labels(sink).inc(report.replicas_repaired)
+    KEYS_IN_SEVERAL_PARTITIONS.labels(sink).inc(report.keys_in_several_partitions)
     CHANGELOG_APPLIED.labels(sink).inc(report.changelog_applied)
     if any(report.partition_loads.values()):
         LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)

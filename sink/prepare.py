@@ -46,14 +46,19 @@ def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
             )
 
 
-def quarantine_reason(cfg: SinkConfig) -> Column:
-    """Why a record cannot be written (NULL when it can), first failing check wins."""
-    checks = [(c, "null key column") for c in cfg.key]
-    checks += [(c, "null partition column") for c in cfg.partition_by]
-    checks.append((cfg.ordering, "null ordering column"))
+def quarantine_reason(cfg: SinkConfig, schema: StructType) -> Column:
+    """Why a record cannot be written (NULL when it can), first failing check wins. An empty
+    string partition value is refused too: Delta stores it as NULL, so the row would not
+    come back under the value it was written with."""
+    checks = [(F.col(c).isNull(), f"null key column {c}") for c in cfg.key]
+    for c in cfg.partition_by:
+        checks.append((F.col(c).isNull(), f"null partition column {c}"))
+        if isinstance(schema[c].dataType, StringType):
+            checks.append((F.col(c) == F.lit(""), f"empty partition value {c} (Delta stores it as NULL)"))
+    checks.append((F.col(cfg.ordering).isNull(), f"null ordering column {cfg.ordering}"))
     reason = F.lit(None).cast(StringType())
-    for col, what in reversed(checks):
-        reason = F.when(F.col(col).isNull(), F.lit(f"{what} {col}")).otherwise(reason)
+    for failed, why in reversed(checks):
+        reason = F.when(failed, F.lit(why)).otherwise(reason)
     return reason
 
 
@@ -68,7 +73,7 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
     return df.select(
         "*",
         F.monotonically_increasing_id().alias(C.SEQ),
-        quarantine_reason(cfg).alias(C.REASON),
+        quarantine_reason(cfg, df.schema).alias(C.REASON),
         F.expr(key_expr).alias(C.KEY),
         F.expr(keys.spark_shard_expr(key_expr, num_shards)).alias(C.SHARD),
         F.expr(keys.spark_ordering_expr(cfg.ordering, ordering_type)).alias(C.ORDERING),

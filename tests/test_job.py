@@ -1,4 +1,7 @@
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -83,3 +86,17 @@ def test_the_shipped_example_config_loads():
 
     cfg = load_job_config(Path(__file__).resolve().parent.parent / "conf" / "sink.toml")
     assert cfg.sink.key == ["event_id"] and cfg.source.format == "json"
+
+
+def test_the_job_with_replicas_kept_open_exits_zero_and_quietly(tmp_path):
+    """Driver tagging keeps replicas open for the process's life: they close at exit, with no
+    abort and no traceback after the work is done (a scheduler reads the exit code)."""
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG.replace("metrics_port = 0", 'metrics_port = 0\ntag_on = "driver"'))
+    drop_file(tmp_path / "data" / "landing", "f0.json", random_batches(3, batches=1, per_batch=200)[0])
+    run = subprocess.run([sys.executable, "-m", "jobs.upsert_stream", "--config", str(conf), "--once"],
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "upsert batch batch=0" in run.stderr
+    for noise in ("terminate called", "Traceback", "Exception ignored"):
+        assert noise not in run.stderr

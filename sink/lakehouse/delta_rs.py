@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
+from sink.errors import ConfigError
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.log import CommitSummary, read_commit
+from sink.lakehouse.log import CommitSummary, filesystem, read_commit
 from sink.lakehouse.predicates import merge_predicate, quote_ident
 
 __all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
@@ -38,9 +40,10 @@ class DeltaTarget:
         """Open the table; create it, empty, from the stream's schema and with the sink's
         contract when it does not exist."""
         if self._dt is None:
-            try:
+            _refuse_foreign_location(self.uri)
+            if DeltaTable.is_deltatable(self.uri):
                 self._dt = DeltaTable(self.uri)
-            except TableNotFoundError:
+            else:
                 self._dt = DeltaTable.create(
                     self.uri, schema, partition_by=self.partition_by or None, mode="ignore",
                     configuration=contract.properties(), raise_if_key_not_exists=False,
@@ -58,6 +61,9 @@ class DeltaTarget:
         self.table.alter.set_table_properties(contract.properties(), raise_if_not_exists=False)
         self.refresh()
 
+    def exists(self) -> bool:
+        return self._dt is not None or DeltaTable.is_deltatable(self.uri)
+
     @property
     def table(self) -> DeltaTable:
         if self._dt is None:
@@ -74,6 +80,8 @@ class DeltaTarget:
         return self.table.metadata().id
 
     def arrow_schema(self) -> pa.Schema:
+        if self._dt is None:
+            return pa.schema(DeltaTable(self.uri).schema().to_arrow())
         return pa.schema(self.table.schema().to_arrow())
 
     def transaction_version(self, app_id: str) -> int | None:
@@ -88,12 +96,14 @@ class DeltaTarget:
         batch_id: int,
         custom_metadata: Mapping[str, str],
         incoming_wins_ties: bool,
+        added_columns: Sequence[pa.Field] = (),
     ) -> CommitOutcome:
         """Commit one batch's writes in one transaction carrying (app_id, batch_id).
 
         `rows` has the table's columns plus WRITE_COLUMN (insert/update/delete/tombstone).
         Only inserts (tombstones change nothing in the table) -> append, even an empty
-        one, so the app transaction is recorded; otherwise one pruned MERGE.
+        one, so the app transaction is recorded; otherwise one pruned MERGE. `added_columns`
+        (nullable) join the table's schema in the append's commit, or just before the MERGE.
         Raises CommitFailedError when another writer won the race.
         """
         # No retries: the commit lands on the version after this snapshot, the one its tags
@@ -103,21 +113,32 @@ class DeltaTarget:
             max_commit_retries=0,
         )
         before = self.version()
-        schema = self.arrow_schema()
+        present = self.arrow_schema()
+        added_columns = [f for f in added_columns if f.name not in present.names]  # a retry may have added them
+        schema = pa.schema([*present, *added_columns])
+        evolve = {"schema_mode": "merge"} if added_columns else {}
         writes = rows.column(WRITE_COLUMN)
         table_rows = rows.filter(pc.not_equal(writes, "tombstone"))
         changing = table_rows.filter(pc.is_in(table_rows.column(WRITE_COLUMN), pa.array(["update", "delete"])))
         if changing.num_rows == 0:
-            write_deltalake(self.table, _conform(table_rows, schema), mode="append", commit_properties=props)
+            write_deltalake(self.table, _conform(table_rows, schema), mode="append", commit_properties=props,
+                            **evolve)
             self.refresh()
             return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
         partitions = _distinct_partitions(changing, self.partition_by)
+        if added_columns:
+            # Not MERGE's merge_schema: delta-rs 1.6.6 then gives the table a new id (every replica
+            # would rebuild). A metadata commit just before keeps it and changes no row; like the
+            # MERGE it lands right after the checked version or fails, and the MERGE goes on from it.
+            self.table.alter.add_columns(Schema.from_arrow(pa.schema(added_columns)).fields,
+                                         commit_properties=CommitProperties(max_commit_retries=0))
+            self.table.load_as_version(before + 1)
         self._merge(table_rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties)
         self.refresh()
         recorded = self.transaction_version(app_id)
         if recorded is None or recorded < batch_id:
             # The MERGE changed nothing (delta-rs then writes no version): record the batch anyway.
-            write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
+            write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props, **evolve)
             self.refresh()
         return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(partitions))
 
@@ -178,6 +199,22 @@ def append_once(
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
     )
     return True
+
+
+def _refuse_foreign_location(uri: str) -> None:
+    """The table location must be a Delta table, a new or empty folder: never a file, nor a
+    folder of other data (a `_delta_log` would be created inside it)."""
+    fs, path = filesystem(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        raise ConfigError(f"table_uri = {uri!r} is a file, not a folder: point it at a Delta table's folder, "
+                          "or at a new one for the sink to create")
+    if info.type != pafs.FileType.Directory:
+        return
+    names = {entry.base_name for entry in fs.get_file_info(pafs.FileSelector(path))}
+    if names and "_delta_log" not in names:
+        raise ConfigError(f"table_uri = {uri!r} is a folder that holds files but no Delta table (no _delta_log): "
+                          "the sink creates its table only in a new or empty folder")
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -68,10 +68,6 @@ def read_commit(table_uri: str, version: int, partition_cols: list[str]) -> Comm
     return parse_commit(version, text, partition_cols)
 
 
-# Operations that change only table properties: no row changes.
-_PROPERTIES_ONLY = ("SET TBLPROPERTIES",)
-
-
 def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSummary:
     apps: dict[str, int] = {}
     touched: set[str] | None = set()
@@ -86,7 +82,8 @@ def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSu
         elif "commitInfo" in action:
             info = action["commitInfo"]
         elif "metaData" in action and version > 0:
-            metadata_changed = True
+            # New columns or properties leave the rows where they were; other partitioning does not.
+            metadata_changed |= action["metaData"].get("partitionColumns") != list(partition_cols)
         elif touched is not None and ("add" in action or "remove" in action):
             file_action = action.get("add") or action.get("remove")
             if not file_action.get("dataChange", True):
@@ -97,8 +94,8 @@ def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSu
                 continue
             values = values or {}
             touched.add(keys.partition_id(partition_cols, [values.get(c) for c in partition_cols]))
-    if metadata_changed and info.get("operation") not in _PROPERTIES_ONLY:
-        touched = None  # schema or partitioning changed: trust nothing
+    if metadata_changed:
+        touched = None  # partitioning changed: trust nothing
     return CommitSummary(
         version=version,
         app_versions=apps,

@@ -5,6 +5,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.schema import Field as DeltaField
 
+from sink.errors import ConfigError
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import read_commit
@@ -125,10 +126,13 @@ def test_compaction_changes_no_partition(target):
     assert summary.partitions == frozenset()
 
 
-def test_a_property_change_changes_no_partition_a_schema_change_may_change_all(target):
+def test_new_properties_or_columns_change_no_partition_another_partitioning_may_change_all(target):
     target.record_contract(Contract(("id", "v"), ("dt",), "ts", "partitioned"))
     assert read_commit(target.uri, target.version(), ["dt"]).partitions == frozenset()
     DeltaTable(target.uri).alter.add_columns(DeltaField("extra", "string"))
+    assert read_commit(target.uri, DeltaTable(target.uri).version(), ["dt"]).partitions == frozenset()
+    write_deltalake(target.uri, pa.table({"id": ["q"], "dt": ["d7"], "ts": [1], "v": ["f"]}).cast(SCHEMA),
+                    mode="overwrite", partition_by=["v"], schema_mode="overwrite")
     assert read_commit(target.uri, DeltaTable(target.uri).version(), ["dt"]).partitions is None
 
 
@@ -147,3 +151,17 @@ def test_batch_zero_merge_is_one_commit(target):
     before = target.version()
     out = commit(target, rows(("a", "d1", 2, "y", "update")), 0)
     assert out.mode == "merge" and out.version == before + 1
+
+
+def test_the_sink_creates_its_table_only_in_a_new_or_empty_folder(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "part-0.csv").write_text("a,b\n")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match="is a folder that holds files but no Delta table"):
+        DeltaTarget(str(tmp_path / "data"), ["dt"]).open_or_create(SCHEMA, CONTRACT)
+    assert not (tmp_path / "data" / "_delta_log").exists()
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        DeltaTarget(str(tmp_path / "a-file"), ["dt"]).open_or_create(SCHEMA, CONTRACT)
+    (tmp_path / "empty").mkdir()
+    DeltaTarget(str(tmp_path / "empty"), ["dt"]).open_or_create(SCHEMA, CONTRACT)
+    assert DeltaTable.is_deltatable(str(tmp_path / "empty"))

@@ -1,0 +1,59 @@
+"""What a stream's schema may do against its table's: add columns, widen numbers; nothing
+that would drop a column or change a value on the way in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+from sink.errors import SchemaError
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """Arrow has several layouts of one logical type; Delta stores one."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_dictionary(t):
+        return _plain(t.value_type)
+    return t
+
+
+def fits(stream: pa.DataType, table: pa.DataType) -> bool:
+    """Whether every value of `stream` type is stored unchanged in a `table` column: the same
+    type, or a wider integer or float. (Integers keep their text form when widened, so key
+    columns keep their encoding too.)"""
+    stream, table = _plain(stream), _plain(table)
+    if stream == table:
+        return True
+    if pa.types.is_signed_integer(stream) and pa.types.is_signed_integer(table):
+        return table.bit_width >= stream.bit_width
+    if pa.types.is_floating(stream) and pa.types.is_floating(table):
+        return table.bit_width >= stream.bit_width
+    if pa.types.is_timestamp(stream) and pa.types.is_timestamp(table):
+        return stream.unit == table.unit and (stream.tz is None) == (table.tz is None)
+    return False
+
+
+def added_columns(stream: pa.Schema, table: pa.Schema, roles: Mapping[str, str], evolution: str) -> list[pa.Field]:
+    """The stream's columns the table lacks, to add (nullable) in the batch's commit; raises
+    SchemaError for a column the table has and the stream lacks, a type a cast would change
+    values of (naming the column and its role), or new columns under `evolution = "fail"`."""
+    gone = [n for n in table.names if n not in stream.names]
+    if gone:
+        raise SchemaError(f"the table's column(s) {gone} are not in the stream (dropped or renamed?): the sink "
+                          "never drops a column; add them back to the stream, or migrate the table first")
+    for field in stream:
+        if field.name in table.names and not fits(field.type, table.field(field.name).type):
+            role = f"{roles[field.name]} column" if field.name in roles else "column"
+            raise SchemaError(
+                f"{role} {field.name!r} is {field.type} in the stream and {table.field(field.name).type} in the "
+                "table: storing it would change values (a cast the sink does not make); cast it in the query, "
+                "or migrate the table")
+    added = [pa.field(f.name, f.type, nullable=True) for f in stream if f.name not in table.names]
+    if added and evolution == "fail":
+        raise SchemaError(f"the stream has column(s) {[f.name for f in added]} the table lacks and "
+                          "schema_evolution = 'fail'; set schema_evolution = 'add_columns' to add them")
+    return added
