@@ -18,14 +18,16 @@ def markdown(result: dict) -> str:
             f"| {c['sink']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink']:.2f}x) "
             f"| {c['sink-driver']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink_driver']:.2f}x) |")
     lines += ["", "| events, executor tagging | table rows | hand-written MERGE | sink | sink, batches with warm "
-              "replicas | partition loads after the first batch | shard moves |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "replicas | partition loads, warm batches | shard moves |", "|---|---:|---:|---:|---:|---:|---:|"]
     one = {c["table_rows"]: c for c in result["e2e"] if c["workload"] == "events"}
     for c in result.get("e2e_two_executors", []):
         for label, case in (("one executor", one.get(c["table_rows"])), ("two executors", c)):
             if case is None:
                 continue
             sink = case["sink"]
-            loads = sum(sum(batch.values()) for batch in sink["partition_loads"][1:])
+            warm = [loads for loads, rebuilt in zip(sink["partition_loads"][1:], sink["replicas_rebuilt"][1:])
+                    if not rebuilt]
+            loads = sum(sum(batch.values()) for batch in warm)
             moves = sum(sink.get("shard_moves", [0])[1:])
             lines.append(f"| {label} | {case['table_rows'] // 1_000_000}M | "
                          f"{case['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
