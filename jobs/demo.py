@@ -106,8 +106,8 @@ def summarize(sink, table_uri: str, seconds: float) -> str:
         f"batches: {len(reports)}  ({dict(modes)})  records in: {records}  in {seconds:.1f}s "
         f"= {records / seconds if seconds else 0:,.0f} events/s end to end",
         "operations: " + "  ".join(f"{k}={ops[k]}" for k in ("insert", "update", "delete", "stale", "quarantined")),
-        f"index: hits={hits} misses={misses} partition loads: bootstrap={loads['bootstrap']} "
-        f"on_demand={loads['on_demand']}",
+        f"index: hits={hits} misses={misses} partition loads: "
+        + "  ".join(f"{reason}={n}" for reason, n in loads.items()),
         f"per batch: tag {_mean(tag_s):.2f}s  commit {_mean(commit_s):.2f}s (mean)",
         f"table: version {table.version()}  rows {ids.num_rows}  keys with two rows: {duplicates}",
         f"  {table_uri}",
