@@ -1,6 +1,7 @@
 """A second writer on the table: every commit is valid for the version it lands on, or the
 batch fails before writing, naming the other writer."""
 
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -98,8 +99,11 @@ def test_two_streaming_queries_upserting_into_one_table_end_exact(spark, tmp_pat
         landing = tmp_path / f"landing-{name}"
         landing.mkdir()
         for b, events in enumerate(batches):
-            pq.write_table(pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW),
-                                   landing / f"{b:03d}.parquet")
+            path = landing / f"{b:03d}.parquet"
+            pq.write_table(pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW), path)
+            # A file stream admits files by modification time: make it the order the oracle assumes
+            # (files written within one millisecond could otherwise come in either order).
+            os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))
         writers[name] = (batches, landing, UpsertSink(config(tmp_path, name, max_commit_retries=20)))
     queries = [
         spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(landing))
