@@ -204,6 +204,9 @@ class UpsertSink:
                 tagged = self._tag(prepared, ctx, out_schema)
                 report.tag_seconds += time.perf_counter() - tag_started
                 records, shards = self._read_tags(tagged, report)
+                # Each record's partition, once per tagging: the signal, conflicts and changelog use it.
+                pids = keys.partition_ids(records, cfg.partition_by)
+                report.keys_in_several_partitions = self._keys_in_several_partitions(records, pids, batch_id)
                 if attempt == 0:
                     self._quarantine(records, batch_df.columns, batch_id)
                     if cfg.delete_when:
@@ -214,7 +217,7 @@ class UpsertSink:
             try:
                 self._commit(records, ctx, shards, added, report)
                 if self._changelog_uri and report.mode in ("append", "merge"):
-                    self._write_changelog(records, ctx, report.table_version)
+                    self._write_changelog(records, pids, ctx, report.table_version)
                 report.commit_seconds += time.perf_counter() - commit_started
                 break
             except CommitFailedError as e:
@@ -230,7 +233,7 @@ class UpsertSink:
                         f"its own table ({e})"
                     ) from e
                 report.retries += 1
-                if _touches(landed, keys.partition_ids(records, cfg.partition_by)):
+                if _touches(landed, pids):
                     ctx = None
                     log.warning("batch %s: %s committed to the batch's partitions first; tagging again "
                                 "(attempt %s)", batch_id, ", ".join(c.author() for c in landed), attempt + 2)
@@ -313,17 +316,16 @@ class UpsertSink:
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(report, name, sum(s[name] for s in stats_rows))
         report.replicas_rebuilt = sum(s["rebuilt"] for s in stats_rows)
-        report.keys_in_several_partitions = self._keys_in_several_partitions(records, report.batch_id)
         report.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
         shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
         return records, shards
 
-    def _keys_in_several_partitions(self, records: pa.Table, batch_id: int) -> int:
+    def _keys_in_several_partitions(self, records: pa.Table, pids: pa.Array, batch_id: int) -> int:
         """Count (and log, with an example) keys whose records name several partitions."""
         if not self.config.partition_by:
             return 0
-        valid = records.filter(pc.is_null(records.column(C.REASON)))
-        per_key = pa.table({"k": valid.column(C.KEY), "p": keys.partition_ids(valid, self.config.partition_by)}) \
+        valid = pc.is_null(records.column(C.REASON))
+        per_key = pa.table({"k": records.column(C.KEY).filter(valid), "p": pids.filter(valid)}) \
             .group_by("k").aggregate([("p", "count_distinct"), ("p", "distinct")])
         spread = per_key.filter(pc.greater(per_key.column("p_count_distinct"), 1))
         if spread.num_rows:
@@ -358,14 +360,15 @@ class UpsertSink:
         report.table_version = outcome.version
         report.merge_partitions = outcome.merge_partitions
 
-    def _write_changelog(self, records: pa.Table, ctx: TaskContext, version: int) -> None:
+    def _write_changelog(self, records: pa.Table, pids: pa.Array, ctx: TaskContext, version: int) -> None:
         """The index entry after this batch of every key it changed, by shard (what each
         tagging task staged), under the version the batch landed at; then retention."""
-        writes = records.filter(pc.is_valid(records.column(C.WRITE)))
+        written = pc.is_valid(records.column(C.WRITE))
+        writes = records.filter(written)
         write = writes.column(C.WRITE)
         entries = pa.table({
             "shard": writes.column(C.SHARD).cast(pa.int32()),
-            "pid": keys.partition_ids(writes, self.config.partition_by),
+            "pid": pids.filter(written),
             "key": writes.column(C.KEY).cast(pa.binary()),
             "ordering": writes.column(C.ORDERING),
             "deleted": pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE)),

@@ -151,12 +151,8 @@ class DeltaTarget:
     def _landed(self, app_id: str, batch_id: int, after: int) -> int:
         """The version carrying (app_id, batch_id), committed after version `after`: the
         latest version may already be another writer's."""
-        latest = self.version()
-        for version in range(after + 1, latest + 1):
-            commit = read_commit(self.uri, version, self.partition_by)
-            if commit is not None and commit.app_versions.get(app_id) == batch_id:
-                return version
-        return latest
+        return next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id),
+                    self.version())
 
     def _merge(self, rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties) -> None:
         types = {f.name: f.type for f in schema}
