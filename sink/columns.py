@@ -5,6 +5,7 @@ SHARD = "__sink_shard"
 ORDERING = "__sink_ordering"
 DELETE = "__sink_delete"
 SEQ = "__sink_seq"
+FILE = "__sink_file"  # xxhash64 of the record's input file, for arrival order
 REASON = "__sink_reason"
 OP = "__sink_op"
 WRITE = "__sink_write"

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from sink import columns as C
 from sink import keys
+from sink.arrival import arrival
 from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
@@ -68,6 +69,7 @@ class TaskContext:
     change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
     keep_open: bool = False  # tagging in the driver: replicas stay open between batches
     changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
+    file_order: tuple[int, ...] = ()  # the batch's input files, oldest first (sink.arrival)
 
     @property
     def spec(self) -> str:
@@ -230,7 +232,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         replica.touch(needed, ctx.now)
         result = tag(
             rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
-            rows.column(C.DELETE).combine_chunks(), rows.column(C.SEQ).combine_chunks(),
+            rows.column(C.DELETE).combine_chunks(),
+            arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order),
             replica.lookup_packed, ctx.incoming_wins_ties,
         )
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)

@@ -18,6 +18,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from sink import columns as C
 from sink import keys, metrics
+from sink.arrival import batch_files, file_order
 from sink.config import SinkConfig
 from sink.errors import (
     CommitConflictError,
@@ -195,11 +196,12 @@ class UpsertSink:
         out_schema = tagged_schema(batch_df.schema)
         arrow_out = to_arrow_schema(out_schema, timezone="UTC")
         ctx = None
+        files = file_order(batch_files(batch_df))
         others: dict[str, None] = {}  # who committed in between, in order of appearance
         for attempt in range(cfg.max_commit_retries + 1):
             if ctx is None:
                 self._target.refresh()
-                ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out)
+                ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files)
                 tag_started = time.perf_counter()
                 tagged = self._tag(prepared, ctx, out_schema)
                 report.tag_seconds += time.perf_counter() - tag_started
@@ -242,7 +244,8 @@ class UpsertSink:
                              batch_id, ", ".join(c.author() for c in landed), self._target.version())
         report.records_in = sum(report.ops.values())
 
-    def _task_context(self, batch_df: DataFrame, batch_id: int, num_shards: int, arrow_out: pa.Schema) -> TaskContext:
+    def _task_context(self, batch_df: DataFrame, batch_id: int, num_shards: int, arrow_out: pa.Schema,
+                      files: tuple[int, ...]) -> TaskContext:
         cfg = self.config
         return TaskContext(
             table_uri=cfg.table_uri,
@@ -272,6 +275,7 @@ class UpsertSink:
             change_data_feed=has_change_data_feed(self._target.table),
             keep_open=cfg.tag_on == "driver",
             changelog_uri=self._changelog_uri,
+            file_order=files,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:

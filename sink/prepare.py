@@ -63,16 +63,17 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> Column:
 
 
 def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
-    """Add the helper columns: arrival sequence, quarantine reason, encoded key, shard,
+    """Add the helper columns: scan sequence and input file, quarantine reason, encoded key, shard,
     ordering as BIGINT and the delete flag."""
     key_expr = keys.spark_key_expr(cfg.key)
     ordering_type = df.schema[cfg.ordering].dataType.typeName()
     delete = F.coalesce(F.expr(cfg.delete_when), F.lit(False)) if cfg.delete_when else F.lit(False)
-    # Arrival order breaks ordering ties inside a batch; for a file source it is
-    # stable across re-evaluations of the batch.
+    # Scan sequence and input file give the arrival order that breaks ordering ties inside
+    # a batch (sink.arrival); both are stable across re-evaluations of a file source's batch.
     return df.select(
         "*",
         F.monotonically_increasing_id().alias(C.SEQ),
+        F.xxhash64(F.input_file_name()).alias(C.FILE),
         quarantine_reason(cfg, df.schema).alias(C.REASON),
         F.expr(key_expr).alias(C.KEY),
         F.expr(keys.spark_shard_expr(key_expr, num_shards)).alias(C.SHARD),
