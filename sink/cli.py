@@ -21,10 +21,11 @@ from sink.errors import SinkError
 from sink.executor import default_index_root
 from sink.index import changelog
 from sink.index.catchup import catch_up
+from sink.index.entry import SIZE as ENTRY_SIZE
 from sink.index.entry import unpack_many
 from sink.index.lifecycle import ShardSource, bootstrap
-from sink.index.loader import read_partition
-from sink.index.replica import ShardReplica, replica_path, replica_spec
+from sink.index.loader import read_global, read_partition
+from sink.index.replica import GLOBAL, ShardReplica, replica_path, replica_spec
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import read_commit
 
@@ -133,7 +134,7 @@ def _bar(shard: int):
 def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
     cfg = ctx.cfg
     version = ctx.table.version()
-    spec = replica_spec(cfg.key, cfg.partition_by, cfg.ordering)
+    spec = replica_spec(cfg.key, cfg.partition_by, cfg.ordering, cfg.scope)
     results = []
     for shard in range(num_shards):
         path = replica_path(ctx.index_root, ctx.table.metadata().id, shard, num_shards)
@@ -153,7 +154,7 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
                 results.append({"shard": shard, "loaded": 0, "keys": 0, "seconds": 0.0})
                 continue
             source = ShardSource.open(cfg.table_uri, cfg.resolved_tombstone_uri, version, cfg.key, cfg.ordering,
-                                      shard, num_shards)
+                                      shard, num_shards, cfg.partition_by)
             loaded = bootstrap(replica, source, cfg.partition_by, (cfg.partition_date, cfg.partition_date_format),
                                cfg.tiering_column, cfg.bootstrap_days, now, progress=_bar(shard))
             results.append({"shard": shard, "loaded": loaded.partitions, "keys": loaded.keys,
@@ -185,7 +186,13 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
         if version is not None:
             table = DeltaTable(cfg.table_uri, version=version)
             for pid in sorted(replica.partitions()):
-                keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
+                if pid == GLOBAL:
+                    read = read_global(table, None, cfg.key, cfg.partition_by, cfg.ordering, shard, of)
+                    keys, raws = read.keys, [raw[:ENTRY_SIZE] for raw in read.raws]
+                    problems += _misplaced(dict(zip(keys, (raw[ENTRY_SIZE:].decode() for raw in read.raws))),
+                                           replica.locations())
+                else:
+                    keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
                 live = dict(zip(keys, unpack_many(raws)[1].tolist()))
                 held = dict(replica.entries(pid))
                 checked += len(held)
@@ -208,6 +215,12 @@ def _compare(pid: str, live: dict[bytes, int], held: dict) -> list[str]:
         if not entry.deleted and key not in live:
             out.append(f"{pid}: key {key!r} is in the replica, not in the table")
     return out
+
+
+def _misplaced(live: dict[bytes, str], held: dict[bytes, str]) -> list[str]:
+    """Global scope: keys the replica places in another partition than the table's row."""
+    return [f"key {key!r} is in partition {pid} of the table, {held[key]} in the replica"
+            for key, pid in live.items() if key in held and held[key] != pid]
 
 
 # --- contract ---------------------------------------------------------------------------------

@@ -111,8 +111,6 @@ class SinkConfig:
         _require_choice("ties", self.ties, TIES)
         _require_choice("tag_on", self.tag_on, TAG_ON)
         _require_choice("schema_evolution", self.schema_evolution, SCHEMA_EVOLUTION)
-        if self.scope == "global":
-            raise ConfigError("scope = 'global' is not implemented yet; accepted: 'partitioned'")
         if self.engine == "delta-spark":
             raise ConfigError("engine = 'delta-spark' is not implemented yet; accepted: 'deltalake'")
         overlap = set(self.key) & set(self.partition_by)
@@ -131,6 +129,10 @@ class SinkConfig:
         _require_int("index_block_cache_bytes", self.index_block_cache_bytes, 1 << 20, 1 << 40)
         if self.index_max_bytes is not None:
             _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)
+            if self.scope == "global":
+                # The global keyspace is one unit: evicting it would reload the whole table.
+                raise ConfigError("index_max_bytes applies to scope = 'partitioned' only; unset it for "
+                                  "scope = 'global', whose replica holds every key on local disk")
         _require_int("metrics_port", self.metrics_port, 0, 65535)
         _require_int("max_commit_retries", self.max_commit_retries, 0, 100)
         _require_int("changelog_retention_versions", self.changelog_retention_versions, 1, 10_000_000)

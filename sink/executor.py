@@ -30,9 +30,9 @@ from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import read_changes
-from sink.index.replica import ShardReplica, is_corruption, replica_path, replica_spec, wipe_damaged
+from sink.index.replica import GLOBAL, ShardReplica, is_corruption, replica_path, replica_spec, wipe_damaged
 from sink.lakehouse.log import read_commit
-from sink.tagging import tag
+from sink.tagging import tag, tag_global
 
 INDEX_SUBDIR = "upsert-sink-index"
 QUARANTINED = "quarantined"
@@ -70,10 +70,11 @@ class TaskContext:
     keep_open: bool = False  # tagging in the driver: replicas stay open between batches
     changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
     file_order: tuple[int, ...] = ()  # the batch's input files, oldest first (sink.arrival)
+    scope: str = "partitioned"
 
     @property
     def spec(self) -> str:
-        return replica_spec(self.key_cols, self.partition_cols, self.ordering)
+        return replica_spec(self.key_cols, self.partition_cols, self.ordering, self.scope)
 
     def index_root(self) -> str:
         return self.index_dir or default_index_root(self.driver_local_dir)
@@ -152,6 +153,7 @@ def tag_locally(ctx: TaskContext, records: pa.Table, threads: int) -> pa.Table:
 def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
     n = bad.num_rows
     tags = {C.OP: pa.array([QUARANTINED] * n, pa.string()), C.WRITE: pa.nulls(n, pa.string()),
+            C.STORED_AT: pa.nulls(n, pa.string()), C.LOCATION: pa.nulls(n, pa.string()),
             C.HIT: pa.nulls(n, pa.bool_()), C.STATS: pa.nulls(n, pa.string())}
     return pa.table([tags[f.name] if f.name in tags else bad.column(f.name) for f in schema], schema=schema)
 
@@ -166,7 +168,7 @@ class LazySource:
         if self._source is None:
             ctx = self._ctx
             self._source = ShardSource.open(ctx.table_uri, ctx.tombstone_uri, ctx.table_version, ctx.key_cols,
-                                            ctx.ordering, self._shard, ctx.num_shards)
+                                            ctx.ordering, self._shard, ctx.num_shards, ctx.partition_cols)
         return self._source
 
 
@@ -221,7 +223,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
     with _replica(ctx, path) as replica:
         stats["replicas_repaired"] += replica.repaired is not None
         source = prepare_replica(ctx, replica, shard, stats)
-        needed = pc.unique(pids).to_pylist()
+        located = ctx.scope == "global"
+        needed = [GLOBAL] if located else pc.unique(pids).to_pylist()
         missing = [p for p in needed if not replica.has_partition(p)]
         if missing:
             invalidated = {p for p in missing if replica.was_invalidated(p)}
@@ -230,12 +233,13 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             _count_loads(stats, {"invalidated": len(invalidated), "on_demand": len(missing) - len(invalidated)},
                          loaded)
         replica.touch(needed, ctx.now)
-        result = tag(
-            rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
-            rows.column(C.DELETE).combine_chunks(),
-            arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order),
-            replica.lookup_packed, ctx.incoming_wins_ties,
-        )
+        inputs = (rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
+                  rows.column(C.DELETE).combine_chunks(),
+                  arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order))
+        if located:
+            result = tag_global(*inputs, lambda ks: replica.lookup_packed(GLOBAL, ks), ctx.incoming_wins_ties)
+        else:
+            result = tag(*inputs, replica.lookup_packed, ctx.incoming_wins_ties)
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
@@ -251,6 +255,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
     return (
         rows.select(kept).append_column(C.OP, result.op)
         .append_column(C.WRITE, result.write)
+        .append_column(C.STORED_AT, result.stored_at if located else pa.nulls(rows.num_rows, pa.string()))
+        .append_column(C.LOCATION, result.location if located else pa.nulls(rows.num_rows, pa.string()))
         .append_column(C.HIT, result.hit)
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
     )

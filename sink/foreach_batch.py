@@ -35,7 +35,7 @@ from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.schema import added_columns
 from sink.prepare import prepare, tagged_schema, validate_stream
-from sink.tagging import DELETE, OPS, TOMBSTONE
+from sink.tagging import DELETE, INSERT, OPS, TOMBSTONE, UPDATE
 
 log = logging.getLogger("sink")
 
@@ -235,7 +235,7 @@ class UpsertSink:
                         f"its own table ({e})"
                     ) from e
                 report.retries += 1
-                if _touches(landed, pids):
+                if _touches(landed, pids, cfg.scope):
                     ctx = None
                     log.warning("batch %s: %s committed to the batch's partitions first; tagging again "
                                 "(attempt %s)", batch_id, ", ".join(c.author() for c in landed), attempt + 2)
@@ -276,6 +276,7 @@ class UpsertSink:
             keep_open=cfg.tag_on == "driver",
             changelog_uri=self._changelog_uri,
             file_order=files,
+            scope=cfg.scope,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -326,7 +327,7 @@ class UpsertSink:
 
     def _keys_in_several_partitions(self, records: pa.Table, pids: pa.Array, batch_id: int) -> int:
         """Count (and log, with an example) keys whose records name several partitions."""
-        if not self.config.partition_by:
+        if not self.config.partition_by or self.config.scope == "global":  # global: a move, not a signal
             return 0
         valid = pc.is_null(records.column(C.REASON))
         per_key = pa.table({"k": records.column(C.KEY).filter(valid), "p": pids.filter(valid)}) \
@@ -343,12 +344,15 @@ class UpsertSink:
     def _commit(self, records: pa.Table, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                 report: BatchReport) -> None:
         writes = records.filter(pc.is_valid(records.column(C.WRITE)))
+        if self.config.scope == "global":
+            writes = placed(writes, self.config.partition_by)
         if writes.num_rows == 0:
             report.mode = "none"
             report.table_version = self._target.version()
             return
         rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE, C.KEY, C.SHARD,
-                                    C.ORDERING]).append_column(WRITE_COLUMN, writes.column(C.WRITE))
+                                    C.ORDERING, C.STORED_AT, C.LOCATION]).append_column(WRITE_COLUMN,
+                                                                                        writes.column(C.WRITE))
         outcome = self._target.commit(
             rows,
             key_cols=self.config.key,
@@ -372,7 +376,7 @@ class UpsertSink:
         write = writes.column(C.WRITE)
         entries = pa.table({
             "shard": writes.column(C.SHARD).cast(pa.int32()),
-            "pid": pids.filter(written),
+            "pid": writes.column(C.LOCATION) if self.config.scope == "global" else pids.filter(written),
             "key": writes.column(C.KEY).cast(pa.binary()),
             "ordering": writes.column(C.ORDERING),
             "deleted": pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE)),
@@ -414,10 +418,46 @@ class UpsertSink:
                     schema_mode="merge")
 
 
-def _touches(commits, batch_partitions: pa.Array) -> bool:
-    """Whether any of these commits changed data in a partition the batch holds records of."""
+def _touches(commits, batch_partitions: pa.Array, scope: str) -> bool:
+    """Whether any of these commits changed data in a partition the batch holds records of
+    (in global scope, any data at all: a key may live in any partition)."""
+    if scope == "global":
+        return any(c.partitions is None or c.partitions for c in commits)
     ours = set(pc.unique(batch_partitions).to_pylist())
     return any(c.partitions is None or c.partitions & ours for c in commits)
+
+
+def placed(writes: pa.Table, partition_cols: list[str]) -> pa.Table:
+    """Global scope: each write aimed at the row it changes. A delete takes the partition
+    of the row the index located (its record may name none or another); a move becomes an
+    insert where the record says plus a delete of the stored row (with the record's
+    ordering, which the MERGE's guard checks)."""
+    if not partition_cols or writes.num_rows == 0:
+        return writes
+    write, stored = writes.column(C.WRITE), writes.column(C.STORED_AT)
+    own = keys.partition_ids(writes, partition_cols)
+    deleting = pc.fill_null(pc.equal(write, DELETE), False)
+    moving = pc.fill_null(pc.and_(pc.equal(write, UPDATE), pc.not_equal(stored, own)), False)
+    if not (pc.any(deleting).as_py() or pc.any(moving).as_py()):
+        return writes
+    staying = writes.filter(pc.invert(pc.or_(deleting, moving)))
+    deletes = _at_stored(writes.filter(deleting), partition_cols)
+    moved = writes.filter(moving)
+    moved_out = _at_stored(moved, partition_cols)
+    moved_out = moved_out.set_column(moved_out.schema.get_field_index(C.WRITE), C.WRITE,
+                                     pa.array([DELETE] * moved.num_rows, pa.string()))
+    moved_in = moved.set_column(moved.schema.get_field_index(C.WRITE), C.WRITE,
+                                pa.array([INSERT] * moved.num_rows, pa.string()))
+    return pa.concat_tables([staying, deletes, moved_out, moved_in])
+
+
+def _at_stored(rows: pa.Table, partition_cols: list[str]) -> pa.Table:
+    """`rows` with their partition columns set to the partition in STORED_AT."""
+    values = [keys.partition_values(pid) for pid in rows.column(C.STORED_AT).to_pylist()]
+    for c in partition_cols:
+        strings = pa.array([v.get(c) or None for v in values], pa.string())
+        rows = rows.set_column(rows.schema.get_field_index(c), c, strings.cast(rows.schema.field(c).type))
+    return rows
 
 
 def _value_counts(col) -> tuple[list[str], list[int]]:

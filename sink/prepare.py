@@ -51,8 +51,11 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> Column:
     string partition value is refused too: Delta stores it as NULL, so the row would not
     come back under the value it was written with."""
     checks = [(F.col(c).isNull(), f"null key column {c}") for c in cfg.key]
+    # In global scope the index knows where a key lives: a delete needs no partition.
+    upsert = ~F.coalesce(F.expr(cfg.delete_when), F.lit(False)) if cfg.scope == "global" and cfg.delete_when \
+        else F.lit(True)
     for c in cfg.partition_by:
-        checks.append((F.col(c).isNull(), f"null partition column {c}"))
+        checks.append((F.col(c).isNull() & upsert, f"null partition column {c}"))
         if isinstance(schema[c].dataType, StringType):
             checks.append((F.col(c) == F.lit(""), f"empty partition value {c} (Delta stores it as NULL)"))
     checks.append((F.col(cfg.ordering).isNull(), f"null ordering column {cfg.ordering}"))
@@ -95,6 +98,8 @@ def tagged_schema(stream_schema: StructType) -> StructType:
         StructField(C.ORDERING, LongType(), True),
         StructField(C.OP, StringType(), True),
         StructField(C.WRITE, StringType(), True),
+        StructField(C.STORED_AT, StringType(), True),
+        StructField(C.LOCATION, StringType(), True),
         StructField(C.HIT, BooleanType(), True),
         StructField(C.STATS, StringType(), True),
     ]

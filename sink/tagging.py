@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sink.index.entry import CHANGES_SCHEMA, Entry, unpack_many
+from sink.index.entry import CHANGES_SCHEMA, Entry, unpack_located_many, unpack_many
 
 INSERT, UPDATE, DELETE, STALE, TOMBSTONE = "insert", "update", "delete", "stale", "tombstone"
 OPS = (INSERT, UPDATE, DELETE, STALE)
@@ -31,6 +31,8 @@ _I, _U, _D, _S = range(4)  # op codes, also write codes (with 3 = tombstone)
 _NO_WRITE = -1
 
 LookupPacked = Callable[[str, list[bytes]], Sequence[bytes | None]]
+# Global scope: packed located entries of keys, wherever they live.
+LookupLocated = Callable[[list[bytes]], Sequence[bytes | None]]
 
 
 @dataclass
@@ -39,6 +41,11 @@ class TagResult:
     write: pa.Array  # per record: what the table must do, null where nothing
     hit: pa.Array  # on the first record of each key: was the key in the index; null elsewhere
     changes: pa.Table  # CHANGES_SCHEMA: the entry after this batch of every key it changes
+    # Global scope, on the record carrying a key's write: the partition of the row the table
+    # holds before the batch (the row a delete removes, or a move deletes), and the key's
+    # partition after the batch; null elsewhere.
+    stored_at: pa.Array | None = None
+    location: pa.Array | None = None
 
     def changes_dict(self) -> dict[str, dict[bytes, Entry]]:
         out: dict[str, dict[bytes, Entry]] = {}
@@ -155,4 +162,122 @@ def _tag_group(start, size, found, e_ord, e_del, o, d, incoming_wins, op, write)
         write[last] = _D if initially_live else 3
     else:
         write[last] = _U if initially_live else _I
+    return state
+
+
+def tag_global(
+    keys: pa.Array,
+    partitions: pa.Array,
+    orderings: pa.Array,
+    deletes: pa.Array,
+    seqs: pa.Array,
+    lookup: LookupLocated,
+    incoming_wins_ties: bool = True,
+) -> TagResult:
+    """Tag every record with keys unique across the table (scope "global").
+
+    `partitions` is each record's partition id, null where a delete names no partition: the
+    index says where the key lives. A newer upsert in another partition than the stored row
+    moves the key (the write is an update whose `stored_at` differs from its partition: the
+    commit deletes the old row and inserts the new one). A stale record never moves a key."""
+    n = len(keys)
+    if n == 0:
+        empty = pa.array([], pa.string())
+        return TagResult(empty, empty, pa.array([], pa.bool_()), CHANGES_SCHEMA.empty_table(), empty, empty)
+    keys = keys.cast(pa.binary())
+    order = pc.sort_indices(pa.table({"k": keys, "o": orderings, "s": seqs}),
+                            sort_keys=[("k", "ascending"), ("o", "ascending"), ("s", "ascending")]).to_numpy()
+    k_sorted = keys.take(order)
+    own = np.array(partitions.take(order).to_pylist(), object)
+    o = orderings.to_numpy(zero_copy_only=False)[order]
+    d = deletes.to_numpy(zero_copy_only=False)[order]
+    first = np.ones(n, bool)
+    if n > 1:
+        first[1:] = ~pc.equal(k_sorted[1:], k_sorted[:-1]).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(first)
+    sizes = np.diff(np.append(starts, n))
+    group_keys = k_sorted.take(starts)
+    found, e_ord, e_del, e_loc = unpack_located_many(lookup(group_keys.to_pylist()))
+    e_loc = np.array(e_loc, object)
+
+    op = np.full(n, _S, np.int8)
+    write = np.full(n, _NO_WRITE, np.int8)
+    stored_at = np.full(n, None, object)
+    location = np.full(n, None, object)
+    changed = np.zeros(len(starts), bool)
+    new_ord, new_del, new_loc = e_ord.copy(), e_del.copy(), e_loc.copy()
+
+    single = np.flatnonzero(sizes == 1)
+    rows = starts[single]
+    oo, dd, f, eo, ed, el = o[rows], d[rows], found[single], e_ord[single], e_del[single], e_loc[single]
+    stale = f & ((oo < eo) | ((oo == eo) & (not incoming_wins_ties)))
+    live = f & ~ed
+    op[rows] = np.where(stale, _S, np.where(dd, _D, np.where(live, _U, _I)))
+    write[rows] = np.where(stale, _NO_WRITE, np.where(dd, np.where(live, _D, 3), np.where(live, _U, _I)))
+    stored_at[rows] = np.where(~stale & live, el, None)
+    # A delete leaves the key where it was; one of an unknown key, where the record says ("" if nowhere).
+    unplaced = np.where(f, el, None)
+    after = np.where(dd, np.where(live, el, np.where(own[rows] != None, own[rows], unplaced)), own[rows])  # noqa: E711
+    after = np.where(after == None, "", after)  # noqa: E711
+    location[rows] = np.where(stale, None, after)
+    applied = ~stale
+    changed[single[applied]] = True
+    new_ord[single[applied]] = oo[applied]
+    new_del[single[applied]] = dd[applied]
+    new_loc[single[applied]] = after[applied]
+
+    for g in np.flatnonzero(sizes > 1).tolist():
+        state = _tag_global_group(starts[g], sizes[g], bool(found[g]), int(e_ord[g]), bool(e_del[g]), e_loc[g],
+                                  o, d, own, incoming_wins_ties, op, write, stored_at, location)
+        if state is not None:
+            changed[g], new_ord[g], new_del[g], new_loc[g] = True, state[0], state[1], state[2]
+
+    unsorted = np.empty(n, np.int64)
+    unsorted[order] = np.arange(n)
+    w = write[unsorted]
+    hit_sorted = np.zeros(n, bool)
+    hit_sorted[starts] = found
+    idx = pa.array(np.flatnonzero(changed))
+    changes = pa.table([pa.array(new_loc[changed].tolist(), pa.string()), group_keys.take(idx),
+                        pa.array(new_ord[changed]), pa.array(new_del[changed])], schema=CHANGES_SCHEMA)
+    return TagResult(
+        _OP_NAMES.take(pa.array(op[unsorted])),
+        _WRITE_NAMES.take(pa.array(np.where(w < 0, 0, w), mask=w < 0)),
+        pa.array(hit_sorted[unsorted], mask=~first[unsorted]),
+        changes,
+        pa.array(stored_at[unsorted].tolist(), pa.string()),
+        pa.array(location[unsorted].tolist(), pa.string()),
+    )
+
+
+def _tag_global_group(start, size, found, e_ord, e_del, e_loc, o, d, own, incoming_wins, op, write, stored_at,
+                      location):
+    """Tag one key's records (sorted) in global scope; return its (ordering, deleted,
+    partition) after the batch, or None if nothing changed."""
+    table_row = e_loc if found and not e_del else None  # where the table holds the key's row
+    state = (e_ord, e_del, e_loc) if found else None
+    last = None
+    for row in range(start, start + size):
+        ordering = int(o[row])
+        if state is not None and (ordering < state[0] or (ordering == state[0] and not incoming_wins)):
+            continue  # op stays stale
+        if d[row]:
+            op[row] = _D
+            where = state[2] if state is not None and (not state[1] or own[row] is None) else own[row]
+            state = (ordering, True, where if where is not None else "")
+        else:
+            op[row] = _I if state is None or state[1] else _U
+            state = (ordering, False, own[row])
+        last = row
+    if last is None:
+        return None
+    if state[1]:
+        write[last] = _D if table_row is not None else 3
+        # The row a delete removes is where the table holds it, whatever the record names.
+        if table_row is not None:
+            state = (state[0], True, table_row)
+    else:
+        write[last] = _U if table_row is not None else _I
+    stored_at[last] = table_row
+    location[last] = state[2]
     return state

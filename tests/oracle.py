@@ -42,6 +42,47 @@ def expected_rows(batches: list[list[Event]]) -> list[dict]:
     return sorted((e._asdict() for e in live), key=lambda r: (r["dt"], r["id"]))
 
 
+def expected_global_rows(batches: list[list[Event]]) -> list[dict]:
+    """Scope "global": per key (whatever its partition) the record with the highest (ordering,
+    batch, position) wins; a delete needs no partition, an upsert without one is bad input."""
+    best: dict[str, tuple[tuple, Event]] = {}
+    for b, events in enumerate(batches):
+        for pos, e in enumerate(events):
+            if e.id is None or e.ts is None or (e.dt is None and e.op != "d"):
+                continue
+            rank = (e.ts, b, pos)
+            if e.id not in best or rank > best[e.id][0]:
+                best[e.id] = (rank, e)
+    live = [e for _, e in best.values() if e.op != "d"]
+    return sorted((e._asdict() for e in live), key=lambda r: (r["dt"], r["id"]))
+
+
+def random_global_batches(seed: int, batches: int, per_batch: int, keys: int = 120,
+                          days: int = 5) -> list[list[Event]]:
+    """Events whose key changes partition at random (moves), key-only deletes (no partition),
+    re-sends of an earlier record (same ordering: a tie) and late, stale events."""
+    rng = random.Random(seed)
+    sent: list[Event] = []
+    out = []
+    for b in range(batches):
+        events = []
+        for j in range(per_batch):
+            roll = rng.random()
+            if sent and roll < 0.1:
+                events.append(rng.choice(sent))  # an at-least-once source sends it again
+                continue
+            k = f"k{rng.randrange(keys)}"
+            ts = rng.randrange(0, 60)
+            if roll < 0.25:
+                events.append(Event(k, None if rng.random() < 0.6 else f"2025-01-0{1 + rng.randrange(days)}", ts,
+                                    "d", f"b{b}-{j}"))
+            else:
+                events.append(Event(k, f"2025-01-0{1 + rng.randrange(days)}", ts, "u", f"b{b}-{j}"))
+        sent += events
+        out.append(events)
+    return out
+
+
 def changed_keys(batches: list[list[Event]], batch: int) -> int:
     """Keys whose winning record (live or delete) after `batch` came from `batch`: the index
     entries that batch changed."""

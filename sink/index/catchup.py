@@ -78,18 +78,17 @@ def catch_up(
             report.rebuilt = f"commit {version} changed the table's metadata or lacks partition values"
             replica.drop_all()
             continue
-        held = [pid for pid in commit.partitions if replica.has_partition(pid)]
+        held = replica.held_of(commit.partitions)
         # The feed's deletes carry the deleted row's ordering, not the delete record's: good
         # enough for a writer that is not a sink (nothing better is known), too weak for a
         # sink's deletes, whose exact ordering a reload takes from the tombstone table.
         changes = read_changes(version) if held and read_changes and not commit.by_sink else None
+        if changes is not None:
+            report.applied += replica.put_changes(changes)
+            continue
         for pid in held:
-            if changes is None:
-                replica.drop_partition(pid, invalidated=True)
-                report.invalidated.add(pid)
-            elif changes.get(pid):
-                replica.put_entries(pid, changes[pid])
-                report.applied += len(changes[pid])
+            replica.drop_partition(pid, invalidated=True)
+            report.invalidated.add(pid)
     replica.discard_staged()
     replica.set_version(target)
     return report

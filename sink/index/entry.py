@@ -1,7 +1,8 @@
 """What the index stores per key: the ordering value and whether the key is deleted.
 
 Packed as 9 bytes (little-endian int64 ordering, one deleted byte); the *_many helpers
-do whole batches through numpy, so no per-key struct calls sit on the hot path.
+do whole batches through numpy, so no per-key struct calls sit on the hot path. In global
+scope the entry also says where the key lives: its partition id follows the 9 bytes.
 """
 
 from __future__ import annotations
@@ -55,3 +56,14 @@ def unpack_many(raws: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, n
                             np.dtype([("ordering", "<i8"), ("flag", "u1")]))
     found = records["flag"] != 2
     return found, np.where(found, records["ordering"], 0), records["flag"] == 1
+
+
+def pack_located_many(orderings, deleted, locations: Sequence[str]) -> list[bytes]:
+    """Packed values that also carry each key's partition id (global scope)."""
+    return [raw + loc.encode() for raw, loc in zip(pack_many(orderings, deleted), locations)]
+
+
+def unpack_located_many(raws: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str | None]]:
+    """`unpack_many` of located values, plus each key's partition id (None when not found)."""
+    found, orderings, deleted = unpack_many([None if r is None else r[:SIZE] for r in raws])
+    return found, orderings, deleted, [None if r is None else r[SIZE:].decode() for r in raws]

@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 
 from sink.errors import PartitionLoadError
 from sink.index import tiering
-from sink.index.loader import read_partition
-from sink.index.replica import ShardReplica
+from sink.index.loader import read_global, read_partition
+from sink.index.replica import GLOBAL, ShardReplica
 
 log = logging.getLogger("sink.index")
 
@@ -36,13 +36,28 @@ class ShardSource:
     ordering: str
     shard: int
     num_shards: int
+    partition_cols: tuple[str, ...] = ()  # global scope: where each key lives
 
     @classmethod
     def open(cls, table_uri: str, tombstone_uri: str, version: int, key_cols, ordering: str, shard: int,
-             num_shards: int) -> ShardSource:
+             num_shards: int, partition_cols=()) -> ShardSource:
         """The table at `version` and the tombstone table, if there is one yet."""
         tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
-        return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols), ordering, shard, num_shards)
+        return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols), ordering, shard, num_shards,
+                   tuple(partition_cols))
+
+    def read(self, pid: str) -> tuple[list[bytes], list[bytes]]:
+        """Keys and packed entries of one partition, or of the whole shard for GLOBAL."""
+        if pid != GLOBAL:
+            return read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
+                                  self.num_shards)
+        read = read_global(self.table, self.tombstones, self.key_cols, self.partition_cols, self.ordering,
+                           self.shard, self.num_shards)
+        if read.keys_in_several_partitions:
+            log.warning("shard %s: %s key(s) have rows in several partitions of %s (scope = 'global' keeps one "
+                        "row per key); the index follows each key's newest row", self.shard,
+                        read.keys_in_several_partitions, self.table.table_uri)
+        return read.keys, read.raws
 
 
 @dataclass
@@ -70,10 +85,7 @@ def load_partitions(
         error: Exception | None = None
         for _ in range(LOAD_ATTEMPTS):
             try:
-                keys, raws = read_partition(
-                    source.table, source.tombstones, pid, source.key_cols, source.ordering,
-                    source.shard, source.num_shards,
-                )
+                keys, raws = source.read(pid)
                 replica.load_packed(pid, keys, raws, reason=reason_of(pid), now=now)
                 return len(keys)
             except Exception as e:  # retried, then reported with the partition's name
@@ -105,7 +117,11 @@ def bootstrap(
     progress: Progress | None = None,
 ) -> LoadReport:
     """Load the partitions of the hot window (the last `days` by partition date or by the
-    tiering column's max value) into an empty replica."""
+    tiering column's max value) into an empty replica; a global-scope replica loads its
+    whole keyspace."""
+    if replica.located:
+        log.info("shard %s bootstrap: every key of %s (scope = 'global')", source.shard, source.table.table_uri)
+        return load_partitions(replica, source, [GLOBAL], "bootstrap", now=now, progress=progress)
     types = {f.name: f.type for f in pa.schema(source.table.schema().to_arrow()) if f.name in partition_cols}
     rule = tiering.resolve_date_rule(rule_config[0], rule_config[1], types)
     actions = pa.table(source.table.get_add_actions(flatten=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sink import keys
-from sink.index.entry import Entry, pack_many
+from sink.index.entry import Entry, pack_located_many, pack_many
 from sink.lakehouse.predicates import partition_predicate
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
@@ -54,7 +55,70 @@ def read_partition(
     return live.column("k").to_pylist(), raws
 
 
-def committed_tombstones(table: DeltaTable, tombstones: DeltaTable, predicate: str, columns: list[str]) -> pa.Table:
+@dataclass
+class GlobalRead:
+    """One shard's whole keyspace (global scope): keys, located packed entries, and how many
+    keys the table holds in several partitions (the newest row wins; that table breaks the
+    scope's promise, e.g. written before it or by another tool)."""
+
+    keys: list[bytes]
+    raws: list[bytes]
+    keys_in_several_partitions: int
+
+
+def read_global(
+    table: DeltaTable,
+    tombstones: DeltaTable | None,
+    key_cols: Sequence[str],
+    partition_cols: Sequence[str],
+    ordering: str,
+    shard: int,
+    num_shards: int,
+) -> GlobalRead:
+    """Every key of `shard` in the table, with the partition it lives in, overlaid with
+    tombstones as `read_partition` does (a delete of a key with no row stays where its
+    delete record put it, "" when that named no partition)."""
+    columns = [*key_cols, *partition_cols, ordering]
+    live, spread = _located(pa.table(table.scan(columns=columns)), key_cols, partition_cols, ordering, shard,
+                            num_shards)
+    deleted = pa.array(np.zeros(live.num_rows, bool))
+    if tombstones is not None:
+        tomb, _ = _located(committed_tombstones(table, tombstones, None, columns), key_cols, partition_cols,
+                           ordering, shard, num_shards)
+        if tomb.num_rows:
+            joined = live.join(tomb.rename_columns(["k", "t", "tl"]), "k", join_type="full outer")
+            row, dead = joined.column("o"), joined.column("t")
+            deleted = pc.or_kleene(pc.is_null(row), pc.fill_null(pc.greater(dead, row), False))
+            live = pa.table({"k": joined.column("k"), "o": pc.if_else(deleted, dead, row),
+                             "l": pc.if_else(pc.is_null(row), joined.column("tl"), joined.column("l"))})
+    raws = pack_located_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False),
+                             pc.fill_null(live.column("l"), "").to_pylist())
+    return GlobalRead(live.column("k").to_pylist(), raws, spread)
+
+
+def _located(data: pa.Table, key_cols, partition_cols, ordering, shard, num_shards) -> tuple[pa.Table, int]:
+    """(k, o, l: partition id) of this shard's rows, one per key (its highest ordering), and
+    the number of keys found in several partitions."""
+    rows = _shard_rows(data, key_cols, shard, num_shards, extra=partition_cols)
+    if rows is None:
+        return pa.table({"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64()),
+                         "l": pa.array([], pa.string())}), 0
+    out = pa.table({"k": rows.column(_KEY).cast(pa.binary()),
+                    "o": keys.ordering_values(rows.column(ordering)).cast(pa.int64()),
+                    "l": keys.partition_ids(rows, partition_cols)})
+    distinct = pc.count_distinct(out.column("k")).as_py()
+    if distinct == out.num_rows:
+        return out, 0
+    newest = out.take(pc.sort_indices(out, [("k", "ascending"), ("o", "descending")]))
+    key_col = newest.column("k").combine_chunks()
+    first = np.ones(newest.num_rows, bool)
+    first[1:] = ~pc.equal(key_col[1:], key_col[:-1]).to_numpy(zero_copy_only=False)
+    per_key = pa.table({"k": out.column("k"), "l": out.column("l")}).group_by("k").aggregate([("l", "count_distinct")])
+    return newest.filter(pa.array(first)), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py() or 0)
+
+
+def committed_tombstones(table: DeltaTable, tombstones: DeltaTable, predicate: str | None,
+                         columns: list[str]) -> pa.Table:
     """The tombstone rows matching `predicate` whose batch `table` (at its loaded version)
     holds; rows from before tombstones named their batch count always."""
     names = set(pa.schema(tombstones.schema().to_arrow()).names)

@@ -1,5 +1,9 @@
 """One shard's replica: a RocksDB directory with one column family per table partition.
 
+In global scope (keys unique across the table) it has one keyspace instead, the column
+family of `GLOBAL`, holding every key of the shard with the partition it lives in; it is
+loaded (and invalidated) as a whole.
+
 The `default` column family holds metadata: format, key spec, the Delta version the
 replica reflects, the batch staged on top of it, and per-partition load records.
 Entries a batch will change are staged apart (one Arrow blob under the batch id) until
@@ -39,7 +43,8 @@ from rocksdict import (
 )
 
 from sink.errors import ReplicaLockedError
-from sink.index.entry import CHANGES_SCHEMA, Entry, pack_many
+from sink.index.entry import CHANGES_SCHEMA, Entry, pack_located_many, pack_many, unpack_located_many
+from sink.index.entry import SIZE as ENTRY_SIZE
 from sink.index.hot_tier import HotTier, tier_for
 
 log = logging.getLogger("sink.index")
@@ -83,9 +88,23 @@ def wipe_damaged(path: Path, error: BaseException) -> str:
     return reason
 
 
-def replica_spec(key_cols, partition_cols, ordering: str) -> str:
+# The keyspace of a global-scope replica, in the place of a partition id.
+GLOBAL = "*global"
+
+
+def replica_spec(key_cols, partition_cols, ordering: str, scope: str = "partitioned") -> str:
     """What a replica's entries mean; a replica of another spec is rebuilt."""
-    return json.dumps({"key": list(key_cols), "partition_by": list(partition_cols), "ordering": ordering})
+    spec = {"key": list(key_cols), "partition_by": list(partition_cols), "ordering": ordering}
+    if scope != "partitioned":  # partitioned replicas keep the spec they had before scopes
+        spec["scope"] = scope
+    return json.dumps(spec)
+
+
+def is_global(spec: str | None) -> bool:
+    try:
+        return json.loads(spec).get("scope") == "global"
+    except (TypeError, ValueError, AttributeError):  # no spec yet, or not one replica_spec wrote
+        return False
 
 
 def replica_path(index_root: str | os.PathLike[str], table_id: str, shard: int, num_shards: int) -> Path:
@@ -132,6 +151,7 @@ class ShardReplica:
         self.read_only = read_only
         self.tier = tier or HotTier(0)
         self.repaired: str | None = None  # why the replica was found damaged and wiped on open
+        self._located: bool | None = None
         # Lookup counts of this open: distinct keys found in memory, in RocksDB, or not found.
         self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0}
         if not read_only:
@@ -148,6 +168,13 @@ class ShardReplica:
     def spec(self) -> str | None:
         raw = self._db.get(_META_SPEC)
         return None if raw is None else raw.decode()
+
+    @property
+    def located(self) -> bool:
+        """Global scope: one keyspace whose entries carry the key's partition."""
+        if self._located is None:
+            self._located = is_global(self.spec)
+        return self._located
 
     @property
     def clean(self) -> bool:
@@ -395,6 +422,18 @@ class ShardReplica:
             out[pid] = (entries, size)
         return out
 
+    def reader_memory_bytes(self) -> int:
+        """Memory RocksDB holds outside the block cache for this replica's files: their bloom
+        filters and index blocks."""
+        total = 0
+        for name in self._cf_names():
+            cf = self._db.get_column_family(name)
+            try:
+                total += cf.property_int_value("rocksdb.estimate-table-readers-mem") or 0
+            finally:
+                del cf
+        return total
+
     def touch(self, pids: Iterable[str], now: float | None = None) -> None:
         now = time.time() if now is None else now
         for pid in pids:
@@ -440,10 +479,17 @@ class ShardReplica:
 
     def entries(self, pid: str):
         """Every committed (key, entry) of a held partition, in key order (RocksDB only)."""
+        for key, raw in self._raw_items(pid):
+            yield key, Entry.unpack(raw[:ENTRY_SIZE])
+
+    def locations(self) -> dict[bytes, str]:
+        """Global scope: every key's partition (RocksDB only)."""
+        return {key: raw[ENTRY_SIZE:].decode() for key, raw in self._raw_items(GLOBAL)}
+
+    def _raw_items(self, pid: str):
         cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
         try:
-            for key, raw in cf.items():
-                yield key, Entry.unpack(raw)
+            yield from cf.items()
         finally:
             del cf
 
@@ -499,6 +545,13 @@ class ShardReplica:
         """Write committed entries (CHANGES_SCHEMA rows) into the partitions held; others are
         skipped (they load from the table, which already has the commit). Returns entries written."""
         applied = 0
+        if self.located:
+            if not changes.num_rows or not self.has_partition(GLOBAL):
+                return 0
+            raws = pack_located_many(changes.column("ordering").to_numpy(), changes.column("deleted").to_numpy(False),
+                                     changes.column("pid").to_pylist())
+            self.put_packed(GLOBAL, changes.column("key").to_pylist(), raws)
+            return changes.num_rows
         if changes.num_rows:
             encoded = pc.dictionary_encode(changes.column("pid")).combine_chunks()
             codes = encoded.indices.to_numpy()
@@ -510,6 +563,43 @@ class ShardReplica:
                 self.put_packed(pid, rows.column("key").to_pylist(), raws)
                 applied += rows.num_rows
         return applied
+
+    def held_of(self, pids: Iterable[str]) -> list[str]:
+        """The keyspaces holding entries of these table partitions: the held ones among them,
+        or in global scope the one keyspace (if held and any partition is named)."""
+        if self.located:
+            return [GLOBAL] if self.has_partition(GLOBAL) and any(True for _ in pids) else []
+        return [pid for pid in pids if self.has_partition(pid)]
+
+    def put_changes(self, changes: Mapping[str, Mapping[bytes, Entry]]) -> int:
+        """Write another writer's row-level changes (partition -> key -> entry) into the held
+        keyspaces. In global scope a delete applies only where the index places the key: a
+        key the same commit moved keeps its new partition. Returns entries written."""
+        if not self.located:
+            written = 0
+            for pid in self.held_of(changes):
+                if changes[pid]:
+                    self.put_entries(pid, changes[pid])
+                    written += len(changes[pid])
+            return written
+        if not self.has_partition(GLOBAL):
+            return 0
+        upserts = {k: (pid, e) for pid, entries in changes.items() for k, e in entries.items() if not e.deleted}
+        deletes = {k: (pid, e) for pid, entries in changes.items() for k, e in entries.items()
+                   if e.deleted and k not in upserts}
+        if deletes:
+            cf = self._db.get_column_family(PARTITION_CF_PREFIX + GLOBAL)  # not a lookup: not counted
+            try:
+                _, _, _, where = unpack_located_many(cf.get(list(deletes)))
+            finally:
+                del cf
+            deletes = {k: v for (k, v), loc in zip(deletes.items(), where) if loc is None or loc == v[0]}
+        chosen = {**upserts, **deletes}
+        if chosen:
+            raws = pack_located_many([e.ordering for _, e in chosen.values()], [e.deleted for _, e in chosen.values()],
+                                     [pid for pid, _ in chosen.values()])
+            self.put_packed(GLOBAL, list(chosen), raws)
+        return len(chosen)
 
     def discard_staged(self) -> None:
         for key in (_META_STAGED_DATA, _META_STAGED_BATCH, _META_STAGED_READ):

@@ -6,6 +6,9 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
+# Partitions named in a MERGE's ON clause at most; beyond, the clause names none.
+MAX_PARTITION_LITERALS = 2000
+
 
 def quote_ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
@@ -43,12 +46,15 @@ def merge_predicate(
     """ON clause: key and partition equality plus the literal list of partitions to scan.
 
     The literal list is what lets the engine prune the target scan to the partitions
-    the index says hold updated or deleted keys.
+    the index says hold updated or deleted keys. Above MAX_PARTITION_LITERALS it is left
+    out (the MERGE scans every partition): delta-rs crashes on IN-lists of ~30k literals.
     """
     eq = [f"{target}.{quote_ident(c)} = {source}.{quote_ident(c)}" for c in (*key_cols, *partition_cols)]
     if partition_cols:
         if not partitions:
             raise ValueError("a MERGE on a partitioned table needs at least one partition")
+        if len(partitions) > MAX_PARTITION_LITERALS:
+            return " AND ".join(eq)
         if len(partition_cols) == 1:
             col = partition_cols[0]
             literals = sorted({sql_literal(p[col], types[col]) for p in partitions})

@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from sink.lakehouse.predicates import merge_predicate, partition_predicate, sql_literal
+from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, merge_predicate, partition_predicate, sql_literal
 
 TYPES = {"dt": pa.string(), "day": pa.date32(), "n": pa.int32(), "flag": pa.bool_()}
 
@@ -35,3 +35,10 @@ def test_partitioned_merge_without_partitions_is_refused():
 def test_partition_predicate():
     assert partition_predicate({"dt": "x", "n": "1"}, TYPES) == "`dt` = 'x' AND `n` = 1"
     assert partition_predicate({}, TYPES) == "TRUE"
+
+
+def test_a_partition_list_above_the_limit_is_left_out_rather_than_crash_delta_rs():
+    at_limit = [{"dt": f"p{i}"} for i in range(MAX_PARTITION_LITERALS)]
+    assert merge_predicate(["id"], ["dt"], at_limit, TYPES).count("'p") == MAX_PARTITION_LITERALS
+    over = at_limit + [{"dt": "one-more"}]
+    assert merge_predicate(["id"], ["dt"], over, TYPES) == "t.`id` = s.`id` AND t.`dt` = s.`dt`"

@@ -1,0 +1,108 @@
+"""Scope "global": a key is unique across the table. Moves, key-only deletes, re-sends and
+late events end exact against an independent oracle, through restarts, replays, lost
+replicas and another writer's commits."""
+
+import shutil
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from sink import ContractMismatchError, SinkConfig, UpsertSink
+from tests.oracle import SCHEMA, Event, expected_global_rows, random_global_batches, verify_replicas
+
+pytestmark = pytest.mark.spark
+
+
+def config(tmp_path, **extra):
+    return SinkConfig(table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
+                      delete_when="op = 'd'", scope="global", writer_id=extra.pop("writer_id", "global"),
+                      index_dir=str(tmp_path / "index"), metrics_port=0, **extra)
+
+
+def rows(uri):
+    return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
+
+
+def frame(spark, events):
+    return spark.createDataFrame(events, SCHEMA)
+
+
+@pytest.mark.parametrize("seed, shards, tag_on", [(11, 2, "executors"), (12, 3, "driver")])
+def test_a_global_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed,
+                                                                                        shards, tag_on):
+    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on)
+    batches = random_global_batches(seed, batches=7, per_batch=250)
+    sink = UpsertSink(cfg)
+    for b, events in enumerate(batches):
+        if b in (2, 5):
+            sink = UpsertSink(cfg)  # a restart
+        if b in (3, 5):
+            shutil.rmtree(tmp_path / "index")  # the replica is lost
+        sink(frame(spark, events), b)
+        report = sink.reports[-1]
+        assert report.ops["quarantined"] == 0  # key-only deletes are not bad input in global scope
+        assert rows(cfg.table_uri) == expected_global_rows(batches[: b + 1]), f"after batch {b}"
+        if b == 4:
+            version = DeltaTable(cfg.table_uri).version()
+            sink(frame(spark, events), b)  # a replay of a committed batch
+            assert sink.reports[-1].mode == "skipped" and DeltaTable(cfg.table_uri).version() == version
+    ids = [r["id"] for r in rows(cfg.table_uri)]
+    assert len(ids) == len(set(ids))
+    assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
+
+
+def test_a_newer_record_moves_its_key_and_a_stale_one_never_does(spark, tmp_path):
+    cfg = config(tmp_path, num_shards=1)
+    sink = UpsertSink(cfg)
+    sink(frame(spark, [Event("a", "2025-01-01", 5, "u", "x"), Event("b", "2025-01-01", 5, "u", "x")]), 0)
+    sink(frame(spark, [Event("a", "2025-01-02", 6, "u", "moved"), Event("b", "2025-01-03", 4, "u", "stale")]), 1)
+    assert [(r["id"], r["dt"], r["v"]) for r in rows(cfg.table_uri)] == [
+        ("b", "2025-01-01", "x"), ("a", "2025-01-02", "moved")]
+    report = sink.reports[-1]
+    assert (report.ops["update"], report.ops["stale"], report.mode) == (1, 1, "merge")
+    # The MERGE scanned only the partition the index placed the moved key in.
+    assert report.merge_partitions == 1
+
+
+def test_a_key_only_delete_finds_the_row_and_one_of_an_unknown_key_changes_nothing(spark, tmp_path):
+    cfg = config(tmp_path, num_shards=2)
+    sink = UpsertSink(cfg)
+    sink(frame(spark, [Event("a", "2025-01-01", 5, "u", "x"), Event("b", "2025-01-02", 5, "u", "x")]), 0)
+    version = DeltaTable(cfg.table_uri).version()
+    sink(frame(spark, [Event("a", None, 6, "d", ""), Event("zz", None, 6, "d", "")]), 1)
+    assert [r["id"] for r in rows(cfg.table_uri)] == ["b"]
+    assert DeltaTable(cfg.table_uri).version() == version + 1
+    # The tombstone keeps an older late update of the deleted key out, in any partition.
+    sink(frame(spark, [Event("a", "2025-01-03", 4, "u", "late"), Event("zz", "2025-01-03", 5, "u", "late")]), 2)
+    assert [r["id"] for r in rows(cfg.table_uri)] == ["b"]
+    assert sink.reports[-1].ops["stale"] == 2
+
+
+def test_another_writers_delete_and_insert_are_followed_with_and_without_a_change_feed(spark, tmp_path):
+    for feed in (False, True):
+        base = tmp_path / f"feed-{feed}"
+        cfg = config(base, num_shards=1)
+        sink = UpsertSink(cfg)
+        sink(frame(spark, [Event("a", "2025-01-01", 5, "u", "x"), Event("b", "2025-01-02", 5, "u", "x")]), 0)
+        table = DeltaTable(cfg.table_uri)
+        if feed:
+            table.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+        table.delete("id = 'a'")
+        write_deltalake(cfg.table_uri, pa.table({"id": ["c"], "dt": ["2025-01-04"], "ts": [5], "op": ["u"],
+                                                 "v": ["foreign"]}), mode="append")
+        # "a" is gone (an insert now), "c" lives in 2025-01-04 (an update there, so a move).
+        sink(frame(spark, [Event("a", "2025-01-01", 6, "u", "again"), Event("c", "2025-01-05", 6, "u", "moved")]), 1)
+        assert [(r["id"], r["dt"], r["v"]) for r in rows(cfg.table_uri)] == [
+            ("a", "2025-01-01", "again"), ("b", "2025-01-02", "x"), ("c", "2025-01-05", "moved")]
+        report = sink.reports[-1]
+        assert (report.ops["insert"], report.ops["update"]) == (1, 1)
+        assert report.partition_loads["invalidated"] == (0 if feed else 1)
+
+
+def test_a_table_written_in_partitioned_scope_refuses_a_global_sink(spark, tmp_path):
+    partitioned = SinkConfig(table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
+                             writer_id="p", index_dir=str(tmp_path / "index"), metrics_port=0)
+    UpsertSink(partitioned)(frame(spark, [Event("a", "2025-01-01", 5, "u", "x")]), 0)
+    with pytest.raises(ContractMismatchError, match="scope"):
+        UpsertSink(config(tmp_path))(frame(spark, [Event("a", "2025-01-02", 6, "u", "y")]), 0)
