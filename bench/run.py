@@ -19,17 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import commit_bench, e2e, tagging_bench
+from bench import commit_bench, e2e, global_bench, tagging_bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 QUICK = {"sizes": [1_000_000], "workloads": ["events", "insert-only"], "batches": 3, "batch_rows": 100_000,
          "tag_index_keys": 200_000, "index_partitions": 2, "index_keys_per_partition": 200_000,
-         "commit_sizes": [1_000_000], "commit_repeats": 1}
+         "commit_sizes": [1_000_000], "commit_repeats": 1, "global_sizes": [200_000]}
 FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000], "workloads": ["events", "insert-only", "update-heavy"],
         "batches": 4, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,
         "index_keys_per_partition": 1_000_000, "commit_sizes": [1_000_000, 5_000_000, 10_000_000],
-        "commit_repeats": 2}
+        "commit_repeats": 2, "global_sizes": [1_000_000, 10_000_000]}
 
 
 def machine() -> dict:
@@ -117,6 +117,9 @@ def main() -> None:
     try:
         result["e2e"] = e2e.run(spark, work, params["sizes"], params["workloads"], params["batches"],
                                 params["batch_rows"], num_shards=2)
+        print("== global scope (365 partitions, against a MERGE on the key alone)", flush=True)
+        result["global"] = global_bench.run(spark, work, params["global_sizes"], params["batches"],
+                                            params["batch_rows"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     spark.stop()
