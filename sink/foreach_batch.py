@@ -217,7 +217,7 @@ class UpsertSink:
             commit_started = time.perf_counter()
             snapshot = self._target.version()
             try:
-                self._commit(records, ctx, shards, added, report)
+                self._commit(records, pids, ctx, shards, added, report)
                 if self._changelog_uri and report.mode in ("append", "merge"):
                     self._write_changelog(records, pids, ctx, report.table_version)
                 report.commit_seconds += time.perf_counter() - commit_started
@@ -341,11 +341,12 @@ class UpsertSink:
                         sorted(example["p_distinct"]))
         return spread.num_rows
 
-    def _commit(self, records: pa.Table, ctx: TaskContext, shards: list[int], added: list[pa.Field],
+    def _commit(self, records: pa.Table, pids: pa.Array, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                 report: BatchReport) -> None:
-        writes = records.filter(pc.is_valid(records.column(C.WRITE)))
+        written = pc.is_valid(records.column(C.WRITE))
+        writes = records.filter(written)
         if self.config.scope == "global":
-            writes = placed(writes, self.config.partition_by)
+            writes = placed(writes, pids.filter(written), self.config.partition_by)
         if writes.num_rows == 0:
             report.mode = "none"
             report.table_version = self._target.version()
@@ -427,15 +428,14 @@ def _touches(commits, batch_partitions: pa.Array, scope: str) -> bool:
     return any(c.partitions is None or c.partitions & ours for c in commits)
 
 
-def placed(writes: pa.Table, partition_cols: list[str]) -> pa.Table:
+def placed(writes: pa.Table, own: pa.Array, partition_cols: list[str]) -> pa.Table:
     """Global scope: each write aimed at the row it changes. A delete takes the partition
     of the row the index located (its record may name none or another); a move becomes an
     insert where the record says plus a delete of the stored row (with the record's
-    ordering, which the MERGE's guard checks)."""
+    ordering, which the MERGE's guard checks). `own`: each write's record's partition id."""
     if not partition_cols or writes.num_rows == 0:
         return writes
     write, stored = writes.column(C.WRITE), writes.column(C.STORED_AT)
-    own = keys.partition_ids(writes, partition_cols)
     deleting = pc.fill_null(pc.equal(write, DELETE), False)
     moving = pc.fill_null(pc.and_(pc.equal(write, UPDATE), pc.not_equal(stored, own)), False)
     if not (pc.any(deleting).as_py() or pc.any(moving).as_py()):
