@@ -2,6 +2,7 @@
 late events end exact against an independent oracle, through restarts, replays, lost
 replicas and another writer's commits."""
 
+import dataclasses
 import shutil
 
 import pyarrow as pa
@@ -106,3 +107,23 @@ def test_a_table_written_in_partitioned_scope_refuses_a_global_sink(spark, tmp_p
     UpsertSink(partitioned)(frame(spark, [Event("a", "2025-01-01", 5, "u", "x")]), 0)
     with pytest.raises(ContractMismatchError, match="scope"):
         UpsertSink(config(tmp_path))(frame(spark, [Event("a", "2025-01-02", 6, "u", "y")]), 0)
+
+
+def test_global_shards_moving_every_batch_catch_up_from_the_changelog(spark, tmp_path):
+    """Two index dirs used in turn, as by two executors each running every shard every other
+    batch: moves and key-only deletes tagged on one are applied from the changelog on the other."""
+    cfg = config(tmp_path, num_shards=2)
+    batches = random_global_batches(21, batches=6, per_batch=250)
+    executors = [UpsertSink(dataclasses.replace(cfg, index_dir=str(tmp_path / name)))
+                 for name in ("executor-a", "executor-b")]
+    for b, events in enumerate(batches):
+        sink = executors[b % 2]
+        sink(frame(spark, events), b)
+        report = sink.reports[-1]
+        assert rows(cfg.table_uri) == expected_global_rows(batches[: b + 1]), f"after batch {b}"
+        assert report.partition_loads["invalidated"] == 0
+        if b >= 2:  # the other executor's batch came from the changelog, nothing reloaded
+            assert sum(report.partition_loads.values()) == 0
+            assert report.shard_moves == 2 and report.changelog_applied > 0
+    for sink in executors:
+        verify_replicas(sink.config)
