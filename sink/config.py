@@ -48,6 +48,9 @@ class SinkConfig:
     index_max_bytes: int | None = None
     # Entries kept in memory per shard replica (and Python worker) in front of RocksDB; 0 = off.
     hot_cache_entries: int = 200_000
+    # Partitioned scope: new keys per shard and batch looked up in the replica's other held
+    # partitions, to signal keys that get a second row in another partition; 0 = off.
+    cross_partition_check: int = 1000
     # RocksDB block cache shared by the replicas of one process.
     index_block_cache_bytes: int = 64 << 20
     # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver
@@ -126,6 +129,7 @@ class SinkConfig:
         _require_int("partition_ttl_hours", self.partition_ttl_hours, 1, 1_000_000)
         self._validate_tiering()
         _require_int("hot_cache_entries", self.hot_cache_entries, 0, 100_000_000)
+        _require_int("cross_partition_check", self.cross_partition_check, 0, 10_000_000)
         _require_int("index_block_cache_bytes", self.index_block_cache_bytes, 1 << 20, 1 << 40)
         if self.index_max_bytes is not None:
             _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)

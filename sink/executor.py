@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -32,7 +33,7 @@ from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import read_changes
 from sink.index.replica import GLOBAL, ShardReplica, is_corruption, replica_path, replica_spec, wipe_damaged
 from sink.lakehouse.log import read_commit
-from sink.tagging import tag, tag_global
+from sink.tagging import INSERT, tag, tag_global
 
 INDEX_SUBDIR = "upsert-sink-index"
 QUARANTINED = "quarantined"
@@ -71,6 +72,7 @@ class TaskContext:
     changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
     file_order: tuple[int, ...] = ()  # the batch's input files, oldest first (sink.arrival)
     scope: str = "partitioned"
+    cross_partition_check: int = 0  # new keys per shard checked against the other held partitions
 
     @property
     def spec(self) -> str:
@@ -115,6 +117,7 @@ def new_stats() -> dict:
         "changelog_applied": 0,
         "lookups": {"memory": 0, "rocksdb": 0, "miss": 0}, "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
+        "cross_partition_checked": 0, "cross_partition_keys": 0, "cross_partition_example": None,
     }
 
 
@@ -240,6 +243,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             result = tag_global(*inputs, lambda ks: replica.lookup_packed(GLOBAL, ks), ctx.incoming_wins_ties)
         else:
             result = tag(*inputs, replica.lookup_packed, ctx.incoming_wins_ties)
+            _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
@@ -260,6 +264,30 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         .append_column(C.HIT, result.hit)
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
     )
+
+
+def _check_cross_partition(ctx: TaskContext, replica: ShardReplica, encoded: pa.Array, pids: pa.Array,
+                           write: pa.Array, stats: dict) -> None:
+    """Partitioned scope: are new keys already stored in another partition (a second row)?
+    Up to `cross_partition_check` inserted keys per shard, spread over the batch, are looked
+    up in the replica's other held partitions; checking every insert would cost a lookup per
+    held partition each."""
+    if ctx.cross_partition_check <= 0 or not ctx.partition_cols:
+        return
+    inserted = np.flatnonzero(pc.fill_null(pc.equal(write, INSERT), False).to_numpy(zero_copy_only=False))
+    if len(inserted) > ctx.cross_partition_check:
+        inserted = inserted[np.linspace(0, len(inserted) - 1, ctx.cross_partition_check).astype(np.int64)]
+    if not len(inserted):
+        return
+    take = pa.array(inserted)
+    checked_keys = encoded.take(take).cast(pa.binary()).to_pylist()
+    checked_pids = pids.take(take).to_pylist()
+    found = replica.live_elsewhere(checked_keys, checked_pids)
+    stats["cross_partition_checked"] += len(checked_keys)
+    stats["cross_partition_keys"] += len(found)
+    if found and stats["cross_partition_example"] is None:
+        key, stored = next(iter(found.items()))
+        stats["cross_partition_example"] = [key.decode("utf-8", "replace"), checked_pids[checked_keys.index(key)], stored]
 
 
 @contextmanager

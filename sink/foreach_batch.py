@@ -63,6 +63,11 @@ class BatchReport:
     # Keys with records in several partitions of this batch: each partition gets its own row
     # (partitioned scope), which may not be what the user meant.
     keys_in_several_partitions: int = 0
+    # New keys (of those checked, see cross_partition_check) that the index already holds as
+    # rows of another partition: partitioned scope gives them a second row.
+    keys_in_other_partition: int = 0
+    keys_checked_in_other_partitions: int = 0
+    other_partition_example: list[str] | None = None  # [key, arriving partition, stored partition]
     # Shard replicas behind on batches this writer tagged on other executors, and the
     # changelog entries they applied to catch up.
     shard_moves: int = 0
@@ -209,6 +214,7 @@ class UpsertSink:
                 # Each record's partition, once per tagging: the signal, conflicts and changelog use it.
                 pids = keys.partition_ids(records, cfg.partition_by)
                 report.keys_in_several_partitions = self._keys_in_several_partitions(records, pids, batch_id)
+                self._log_keys_in_other_partition(report)
                 if attempt == 0:
                     self._quarantine(records, batch_df.columns, batch_id)
                     if cfg.delete_when:
@@ -277,6 +283,7 @@ class UpsertSink:
             changelog_uri=self._changelog_uri,
             file_order=files,
             scope=cfg.scope,
+            cross_partition_check=cfg.cross_partition_check,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -321,6 +328,10 @@ class UpsertSink:
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(report, name, sum(s[name] for s in stats_rows))
         report.replicas_rebuilt = sum(s["rebuilt"] for s in stats_rows)
+        report.keys_in_other_partition = sum(s["cross_partition_keys"] for s in stats_rows)
+        report.keys_checked_in_other_partitions = sum(s["cross_partition_checked"] for s in stats_rows)
+        report.other_partition_example = next(
+            (s["cross_partition_example"] for s in stats_rows if s["cross_partition_example"]), None)
         report.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
         shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
         return records, shards
@@ -340,6 +351,15 @@ class UpsertSink:
                         "only, that needs scope = 'global'", batch_id, spread.num_rows, example["k"],
                         sorted(example["p_distinct"]))
         return spread.num_rows
+
+    def _log_keys_in_other_partition(self, report: BatchReport) -> None:
+        if report.keys_in_other_partition:
+            key, own, stored = report.other_partition_example
+            log.warning("batch %s: %s of %s new key(s) checked are already stored in another partition and "
+                        "get a second row (scope = 'partitioned'), e.g. key %r arriving in %s, stored in %s; "
+                        "if a key should live in one partition only, that needs scope = 'global'",
+                        report.batch_id, report.keys_in_other_partition, report.keys_checked_in_other_partitions,
+                        key, own, stored)
 
     def _commit(self, records: pa.Table, pids: pa.Array, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                 report: BatchReport) -> None:

@@ -33,6 +33,11 @@ KEYS_IN_SEVERAL_PARTITIONS = Counter(
     "upsert_sink_keys_in_several_partitions",
     "Keys with records in several partitions of one batch (each partition keeps its own row)", _LABEL,
 )
+KEYS_IN_OTHER_PARTITION = Counter(
+    "upsert_sink_keys_in_other_partition",
+    "New keys (of those checked) already stored as a row of another partition; each partition keeps "
+    "its own row", _LABEL,
+)
 LOAD_FAILURES = Counter(
     "upsert_sink_index_load_failures", "Batches failed by a partition that would not load", _LABEL
 )
@@ -94,6 +99,7 @@ def publish(sink: str, report) -> None:
     SHARD_MOVES.labels(sink).inc(report.shard_moves)
     REPLICAS_REPAIRED.labels(sink).inc(report.replicas_repaired)
     KEYS_IN_SEVERAL_PARTITIONS.labels(sink).inc(report.keys_in_several_partitions)
+    KEYS_IN_OTHER_PARTITION.labels(sink).inc(report.keys_in_other_partition)
     CHANGELOG_APPLIED.labels(sink).inc(report.changelog_applied)
     if any(report.partition_loads.values()):
         LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)

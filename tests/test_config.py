@@ -29,6 +29,7 @@ def test_defaults_follow_the_design():
         (dict(num_shards=0), ["num_shards", "1 to 4096"]),
         (dict(metrics_port=70000), ["metrics_port", "0 to 65535"]),
         (dict(bootstrap_days="7"), ["bootstrap_days", "integer"]),
+        (dict(cross_partition_check=-1), ["cross_partition_check", "0 to 10000000"]),
         (dict(partition_by=["id"]), ["key and partition_by", "id"]),
         (dict(ordering="id"), ["ordering", "id"]),
     ],

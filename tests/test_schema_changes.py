@@ -102,3 +102,30 @@ def test_a_key_in_several_partitions_of_a_batch_is_counted_and_logged(spark, tmp
     assert REGISTRY.get_sample_value("upsert_sink_keys_in_several_partitions_total", {"sink": "spread"}) == 2
     assert "2 key(s) have records in several partitions" in caplog.text and "scope = 'global'" in caplog.text
     assert len(rows(cfg.table_uri)) == 5  # partitioned scope: one row per (partition, key)
+
+
+def test_a_new_key_already_stored_in_another_partition_is_counted_and_logged(spark, tmp_path, caplog):
+    cfg = config(tmp_path, writer_id="elsewhere")
+    sink = UpsertSink(cfg)
+    stored = [Event("a", "2025-01-01", 1, "u", "x"), Event("b", "2025-01-01", 1, "u", "x"),
+              Event("c", "2025-01-02", 1, "d", None)]
+    sink(spark.createDataFrame(stored, SCHEMA), 0)
+    # a and b live in 2025-01-01 (c was deleted, so a row for it elsewhere is no second row).
+    later = [Event("a", "2025-01-03", 2, "u", "y"), Event("b", "2025-01-01", 2, "u", "y"),
+             Event("c", "2025-01-03", 2, "u", "y"), Event("d", "2025-01-03", 2, "u", "y")]
+    with caplog.at_level("WARNING", logger="sink"):
+        sink(spark.createDataFrame(later, SCHEMA), 1)
+    report = sink.reports[-1]
+    assert (report.keys_in_other_partition, report.keys_checked_in_other_partitions) == (1, 3)  # a, c, d checked
+    assert report.other_partition_example == ["a", "dt=2025-01-03", "dt=2025-01-01"]
+    assert REGISTRY.get_sample_value("upsert_sink_keys_in_other_partition_total", {"sink": "elsewhere"}) == 1
+    assert "1 of 3 new key(s) checked are already stored in another partition" in caplog.text
+    assert rows(cfg.table_uri) == expected_rows([stored, later])  # partitioned scope: a has two rows
+
+
+def test_the_cross_partition_check_is_off_at_zero(spark, tmp_path):
+    cfg = config(tmp_path, writer_id="unchecked", cross_partition_check=0)
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame([Event("a", "2025-01-01", 1, "u", "x")], SCHEMA), 0)
+    sink(spark.createDataFrame([Event("a", "2025-01-02", 2, "u", "y")], SCHEMA), 1)
+    assert (sink.reports[-1].keys_in_other_partition, sink.reports[-1].keys_checked_in_other_partitions) == (0, 0)

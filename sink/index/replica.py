@@ -474,6 +474,24 @@ class ShardReplica:
             self.tier.put_many(pid, found_keys, found_raws)
         return raws
 
+    def live_elsewhere(self, keys: Sequence[bytes], own_pids: Sequence[str]) -> dict[bytes, str]:
+        """Of `keys` (each paired with its own partition), those a held partition other than
+        their own holds as live rows: key -> that partition. One RocksDB multi-get per held
+        partition; the lookup counters and the memory tier are left alone."""
+        found: dict[bytes, str] = {}
+        if not len(keys):
+            return found
+        for pid in self.partitions():
+            cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
+            try:
+                raws = cf.get(list(keys))
+            finally:
+                del cf
+            for key, own, raw in zip(keys, own_pids, raws):
+                if raw is not None and own != pid and key not in found and not Entry.unpack(raw[:ENTRY_SIZE]).deleted:
+                    found[key] = pid
+        return found
+
     def lookup(self, pid: str, keys: list[bytes]) -> list[Entry | None]:
         return [None if r is None else Entry.unpack(r) for r in self.lookup_packed(pid, keys)]
 

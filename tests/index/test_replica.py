@@ -30,6 +30,16 @@ def test_a_loaded_partition_answers_lookups_and_survives_reopen(path):
         assert r.lookup("dt=1", [b"a"]) == [Entry(1)]
 
 
+def test_live_elsewhere_finds_live_rows_of_other_held_partitions_only(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("dt=1", [b"a", b"b", b"c"], [Entry(1), Entry(1, True), Entry(1)], reason="on_demand")
+        r.load_partition("dt=2", [b"c"], [Entry(2)], reason="on_demand")
+        # a: live in dt=1; b: deleted there; c: in its own dt=2 and live in dt=1; d: nowhere.
+        assert r.live_elsewhere([b"a", b"b", b"c", b"d"], ["dt=3", "dt=3", "dt=2", "dt=3"]) == {
+            b"a": "dt=1", b"c": "dt=1"}
+        assert r.lookups == {"memory": 0, "rocksdb": 0, "miss": 0}  # not a lookup of the batch
+
+
 def test_large_partitions_load_through_sst_ingest(path):
     keys = [f"k{i:06d}".encode() for i in range(30_000)][::-1]  # unsorted on purpose
     with ShardReplica.open(path, SPEC) as r:
