@@ -42,6 +42,16 @@ def median_after_first(values: list[float]) -> float:
     return statistics.median(values[1:] if len(values) > 1 else values)
 
 
+def phase_medians(reports) -> dict[str, float]:
+    """Each phase's median over the batches after the first (phases that never ran left out)."""
+    return {phase: round(median_after_first([r.phases[phase] for r in reports]), 3)
+            for phase in reports[0].phases if any(r.phases[phase] for r in reports)}
+
+
+def breakdown(phases: dict[str, float]) -> str:
+    return " ".join(f"{phase} {seconds}" for phase, seconds in phases.items())
+
+
 def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, batches: int,
              batch_rows: int, num_shards: int, contenders: tuple[str, ...] = CONTENDERS,
              executor_index_dirs: bool = False) -> dict:
@@ -66,6 +76,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                 "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
                 "shard_seconds": [round(r.shard_seconds, 3) for r in reports],
                 "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
+                "phases": phase_medians(reports),
                 "modes": [r.mode for r in reports],
                 "merge_partitions": [r.merge_partitions for r in reports],
                 "partition_loads": [r.partition_loads for r in reports],
@@ -106,6 +117,8 @@ def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int,
                             executor_index_dirs)
             figures = ", ".join(f"{name} {case[name]['median_after_first']}s" for name in contenders)
             log(f"{workload} {rows:,} per batch: {figures}; tables equal: {case['tables_equal']}")
+            for name in (n for n in contenders if n != "baseline"):
+                log(f"  {name} phases (s): {breakdown(case[name]['phases'])}")
             out.append(case)
         shutil.rmtree(template)
     return out

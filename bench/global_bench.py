@@ -28,7 +28,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-from bench.e2e import median_after_first, stream
+from bench.e2e import breakdown, median_after_first, phase_medians, stream
 from bench.workloads import SCHEMA
 
 DAYS = 365
@@ -187,6 +187,7 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
         "batch_seconds": [round(s, 3) for s in seconds], "median_after_first": round(median_after_first(seconds), 3),
         "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
         "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
+        "phases": phase_medians(reports),
         "merge_partitions": [r.merge_partitions for r in reports],
         "ops": [r.ops for r in reports],
         "partition_loads": [r.partition_loads for r in reports],
@@ -220,6 +221,7 @@ def run(spark, work: Path, sizes: list[int], batches: int, batch_rows: int, log=
                 f"equal to the oracle: {result['sink']['table_equal_to_oracle']}/"
                 f"{result['baseline']['table_equal_to_oracle']}; index memory "
                 f"{result['sink']['index_memory_bytes_per_key']} B/key")
+            log(f"  sink phases (s): {breakdown(result['sink']['phases'])}")
             results.append(result)
     return results
 

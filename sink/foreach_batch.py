@@ -6,7 +6,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -41,6 +42,13 @@ log = logging.getLogger("sink")
 
 QUARANTINE_REASON = "_quarantine_reason"
 QUARANTINE_BATCH = "_quarantine_batch_id"
+
+# Where a batch's time goes, in order. checks: schema, contract and replay checks; prepare:
+# planning the routed records; collect: the records into the driver (tag_on = "driver");
+# tag: the tagging job (executors: route, shuffle, tasks and collect in one Spark job) or
+# threads; split: tags, counts and signals read from the output.
+PHASES = ("checks", "prepare", "collect", "tag", "split", "quarantine", "tombstones", "commit", "changelog",
+          "metrics")
 
 
 @dataclass
@@ -80,11 +88,26 @@ class BatchReport:
     table_version: int | None = None
     merge_partitions: int = 0
     retries: int = 0
-    tag_seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark).
     shard_seconds: float = 0.0
-    commit_seconds: float = 0.0
     total_seconds: float = 0.0
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] += time.perf_counter() - started
+
+    @property
+    def tag_seconds(self) -> float:
+        return self.phases["collect"] + self.phases["tag"]
+
+    @property
+    def commit_seconds(self) -> float:
+        return self.phases["commit"]
 
     def summary(self) -> str:
         o = self.ops
@@ -94,7 +117,8 @@ class BatchReport:
             f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
             f"moves={self.shard_moves} mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
-            f"commit_s={self.commit_seconds:.2f} total_s={self.total_seconds:.2f}"
+            f"commit_s={self.commit_seconds:.2f} total_s={self.total_seconds:.2f} "
+            f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)}"
         )
 
 
@@ -139,16 +163,17 @@ class UpsertSink:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         cfg = self.config
-        self.validate(batch_df)
         report = BatchReport(batch_id)
-        self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"), self._contract)
-        self._target.refresh()
-        self._check_contract()
-        added = self._added_columns(batch_df)
+        with report.timed("checks"):
+            self.validate(batch_df)
+            self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"), self._contract)
+            self._target.refresh()
+            self._check_contract()
+            added = self._added_columns(batch_df)
+            committed = self._target.transaction_version(self.writer_id)
         if added:
             log.warning("batch %s adds column(s) %s to %s (schema_evolution = 'add_columns')", batch_id,
                         [f.name for f in added], cfg.table_uri)
-        committed = self._target.transaction_version(self.writer_id)
         if committed is not None and batch_id < committed:
             raise WriterIdReusedError(
                 f"batch {batch_id} is older than batch {committed}, already committed to "
@@ -157,14 +182,19 @@ class UpsertSink:
             )
         if committed is not None and batch_id == committed:
             # Replay after a crash between the Delta commit and Spark's checkpoint.
-            self._write_tombstones(batch_df, batch_id)
+            with report.timed("tombstones"):
+                self._write_tombstones(batch_df, batch_id)
             report.mode = "skipped"
             report.table_version = self._target.version()
         else:
             num_shards = self._num_shards(batch_df)
-            self._process(prepare(batch_df, cfg, num_shards), batch_df, batch_id, num_shards, added, report)
+            with report.timed("prepare"):
+                prepared = prepare(batch_df, cfg, num_shards)
+            self._process(prepared, batch_df, batch_id, num_shards, added, report)
         report.total_seconds = time.perf_counter() - started
-        metrics.publish(self.writer_id, report)
+        with report.timed("metrics"):
+            metrics.publish(self.writer_id, report)
+        metrics.observe_phase(self.writer_id, "metrics", report.phases["metrics"])
         self.reports.append(report)
         log.info("upsert batch %s", report.summary())
 
@@ -201,35 +231,38 @@ class UpsertSink:
         out_schema = tagged_schema(batch_df.schema)
         arrow_out = to_arrow_schema(out_schema, timezone="UTC")
         ctx = None
-        files = file_order(batch_files(batch_df))
+        with report.timed("prepare"):
+            files = file_order(batch_files(batch_df))
         others: dict[str, None] = {}  # who committed in between, in order of appearance
         for attempt in range(cfg.max_commit_retries + 1):
             if ctx is None:
-                self._target.refresh()
-                ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files)
-                tag_started = time.perf_counter()
-                tagged = self._tag(prepared, ctx, out_schema)
-                report.tag_seconds += time.perf_counter() - tag_started
-                records, shards = self._read_tags(tagged, report)
-                # Each record's partition, once per tagging: the signal, conflicts and changelog use it.
-                pids = keys.partition_ids(records, cfg.partition_by)
-                report.keys_in_several_partitions = self._keys_in_several_partitions(records, pids, batch_id)
-                self._log_keys_in_other_partition(report)
+                with report.timed("prepare"):
+                    self._target.refresh()
+                    ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files)
+                tagged = self._tag(prepared, ctx, out_schema, report)
+                with report.timed("split"):
+                    records, shards = self._read_tags(tagged, report)
+                    # Each record's partition, once per tagging: the signal, conflicts and changelog use it.
+                    pids = keys.partition_ids(records, cfg.partition_by)
+                    report.keys_in_several_partitions = self._keys_in_several_partitions(records, pids, batch_id)
+                    self._log_keys_in_other_partition(report)
                 if attempt == 0:
-                    self._quarantine(records, batch_df.columns, batch_id)
+                    with report.timed("quarantine"):
+                        self._quarantine(records, batch_df.columns, batch_id)
                     if cfg.delete_when:
-                        self._append_tombstones(records.filter(pc.and_(
-                            records.column(C.DELETE), pc.not_equal(records.column(C.OP), QUARANTINED))), batch_id)
-            commit_started = time.perf_counter()
+                        with report.timed("tombstones"):
+                            self._append_tombstones(records.filter(pc.and_(
+                                records.column(C.DELETE), pc.not_equal(records.column(C.OP), QUARANTINED))),
+                                batch_id)
             snapshot = self._target.version()
             try:
-                self._commit(records, pids, ctx, shards, added, report)
+                with report.timed("commit"):
+                    self._commit(records, pids, ctx, shards, added, report)
                 if self._changelog_uri and report.mode in ("append", "merge"):
-                    self._write_changelog(records, pids, ctx, report.table_version)
-                report.commit_seconds += time.perf_counter() - commit_started
+                    with report.timed("changelog"):
+                        self._write_changelog(records, pids, ctx, report.table_version)
                 break
             except CommitFailedError as e:
-                report.commit_seconds += time.perf_counter() - commit_started
                 self._target.refresh()
                 landed = self._target.commits_since(snapshot)
                 others.update(dict.fromkeys(c.author() for c in landed))
@@ -292,15 +325,19 @@ class UpsertSink:
             QUARANTINE_BATCH, pa.array([batch_id] * bad.num_rows, pa.int64()))
         append_once(self.config.resolved_quarantine_uri, rows, [], self.writer_id, batch_id)
 
-    def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema) -> pa.Table:
+    def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema, report: BatchReport) -> pa.Table:
         if self.config.tag_on == "driver":
-            return tag_locally(ctx, prepared.toArrow(), os.cpu_count() or 1)
+            with report.timed("collect"):
+                records = prepared.toArrow()
+            with report.timed("tag"):
+                return tag_locally(ctx, records, os.cpu_count() or 1)
         try:
-            return (
-                prepared.repartition(ctx.num_shards, F.col(C.SHARD))
-                .mapInArrow(partial(tag_batches, ctx), out_schema)
-                .toArrow()
-            )
+            with report.timed("tag"):
+                return (
+                    prepared.repartition(ctx.num_shards, F.col(C.SHARD))
+                    .mapInArrow(partial(tag_batches, ctx), out_schema)
+                    .toArrow()
+                )
         except Exception as e:
             # A task that failed its partition loads fails the batch; the message names them.
             if PartitionLoadError.__name__ not in str(e):

@@ -115,6 +115,11 @@ def publish(sink: str, report) -> None:
         COMMITS.labels(sink, report.mode).inc()
     if report.table_version is not None:
         TABLE_VERSION.labels(sink).set(report.table_version)
-    BATCH_SECONDS.labels(sink, "tag").observe(report.tag_seconds)
-    BATCH_SECONDS.labels(sink, "commit").observe(report.commit_seconds)
+    for phase, seconds in report.phases.items():
+        if phase != "metrics":  # observed by the caller, once this has run
+            BATCH_SECONDS.labels(sink, phase).observe(seconds)
     BATCH_SECONDS.labels(sink, "total").observe(report.total_seconds)
+
+
+def observe_phase(sink: str, phase: str, seconds: float) -> None:
+    BATCH_SECONDS.labels(sink, phase).observe(seconds)

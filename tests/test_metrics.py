@@ -4,6 +4,7 @@ import urllib.request
 from prometheus_client import REGISTRY
 
 from sink import BatchReport, metrics
+from sink.foreach_batch import PHASES
 
 
 def free_port():
@@ -43,3 +44,17 @@ def test_a_skipped_batch_counts_as_skipped_only():
     assert REGISTRY.get_sample_value("upsert_sink_batches_skipped_total", {"sink": "label-skip"}) == 1
     assert REGISTRY.get_sample_value("upsert_sink_records_total", {"sink": "label-skip", "op": "insert"}) == 0
     assert REGISTRY.get_sample_value("upsert_sink_commits_total", {"sink": "label-skip", "mode": "merge"}) is None
+
+
+def test_every_phase_is_observed_under_its_own_label():
+    report = BatchReport(0, mode="append", table_version=1, total_seconds=2.0)
+    report.phases.update(checks=0.01, prepare=0.2, tag=1.5, commit=0.25)
+    metrics.publish("label-phases", report)
+    for phase in (*PHASES, "total"):
+        seconds = report.total_seconds if phase == "total" else report.phases[phase]
+        labels = {"sink": "label-phases", "phase": phase}
+        if phase == "metrics":  # its own time is known only after publishing: the caller observes it
+            assert REGISTRY.get_sample_value("upsert_sink_batch_seconds_count", labels) is None
+            continue
+        assert REGISTRY.get_sample_value("upsert_sink_batch_seconds_count", labels) == 1
+        assert REGISTRY.get_sample_value("upsert_sink_batch_seconds_sum", labels) == seconds
