@@ -16,7 +16,7 @@ from sink.errors import ConfigError
 SCOPES = ("partitioned", "global")
 ENGINES = ("deltalake", "delta-spark")
 TIES = ("incoming", "existing")
-TAG_ON = ("executors", "driver")
+TAG_ON = ("auto", "executors", "driver")
 SCHEMA_EVOLUTION = ("add_columns", "fail")
 
 
@@ -54,8 +54,9 @@ class SinkConfig:
     # RocksDB block cache shared by the replicas of one process.
     index_block_cache_bytes: int = 64 << 20
     # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver
-    # process (replicas on the driver's disk; saves the shuffle on a single machine).
-    tag_on: str = "executors"
+    # process (replicas on the driver's disk; saves the shuffle on a single machine); auto:
+    # the driver under a local master (one process runs everything), else the executors.
+    tag_on: str = "auto"
     engine: str = "deltalake"
     metrics_port: int = 9466
     # Which record wins when the incoming ordering value equals the stored one.
@@ -184,6 +185,13 @@ class SinkConfig:
     @property
     def resolved_tombstone_uri(self) -> str:
         return self.tombstone_table_uri or _sibling(self.table_uri, "_tombstones")
+
+    def tags_on_driver(self, master: str) -> bool:
+        """Where tagging runs under this Spark master. "auto": the driver when a local master
+        runs the driver and the only executor in one process (local-cluster does not)."""
+        if self.tag_on == "auto":
+            return master == "local" or master.startswith("local[")
+        return self.tag_on == "driver"
 
     @property
     def resolved_changelog_uri(self) -> str:

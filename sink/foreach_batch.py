@@ -134,8 +134,8 @@ class UpsertSink:
         self._target = DeltaTarget(config.table_uri, config.partition_by)
         self._contract = Contract.of(config)
         self._validated = None
-        # Other executors may tag a shard's next batch: they catch up from the changelog.
-        self._changelog_uri = config.resolved_changelog_uri if config.tag_on == "executors" else None
+        self._on_driver: bool | None = None  # where tagging runs, resolved at the first batch
+        self._changelog_uri: str | None = None
         self._changelog_swept: int | None = None  # version at the last retention sweep
         metrics.serve(config.metrics_port)
 
@@ -165,6 +165,7 @@ class UpsertSink:
         cfg = self.config
         report = BatchReport(batch_id)
         with report.timed("checks"):
+            self._resolve_tag_on(batch_df)
             self.validate(batch_df)
             self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"), self._contract)
             self._target.refresh()
@@ -197,6 +198,14 @@ class UpsertSink:
         metrics.observe_phase(self.writer_id, "metrics", report.phases["metrics"])
         self.reports.append(report)
         log.info("upsert batch %s", report.summary())
+
+    def _resolve_tag_on(self, batch_df: DataFrame) -> None:
+        if self._on_driver is not None:
+            return
+        self._on_driver = self.config.tags_on_driver(batch_df.sparkSession.sparkContext.master)
+        # Other executors may tag a shard's next batch: they catch up from the changelog.
+        self._changelog_uri = None if self._on_driver else self.config.resolved_changelog_uri
+        log.info("tagging on the %s (tag_on = %r)", "driver" if self._on_driver else "executors", self.config.tag_on)
 
     def _check_contract(self) -> None:
         """Refuse a table written under another key, partitioning, ordering or scope; record
@@ -312,7 +321,7 @@ class UpsertSink:
             hot_cache_entries=cfg.hot_cache_entries,
             block_cache_bytes=cfg.index_block_cache_bytes,
             change_data_feed=has_change_data_feed(self._target.table),
-            keep_open=cfg.tag_on == "driver",
+            keep_open=self._on_driver,
             changelog_uri=self._changelog_uri,
             file_order=files,
             scope=cfg.scope,
@@ -326,7 +335,7 @@ class UpsertSink:
         append_once(self.config.resolved_quarantine_uri, rows, [], self.writer_id, batch_id)
 
     def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema, report: BatchReport) -> pa.Table:
-        if self.config.tag_on == "driver":
+        if self._on_driver:
             with report.timed("collect"):
                 records = prepared.toArrow()
             with report.timed("tag"):

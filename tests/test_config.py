@@ -10,6 +10,7 @@ def test_defaults_follow_the_design():
     cfg = SinkConfig(**BASE)
     assert cfg.partition_by == []
     assert cfg.scope == "partitioned"
+    assert cfg.tag_on == "auto"
     assert cfg.engine == "deltalake"
     assert cfg.bootstrap_days == 7
     assert cfg.partition_ttl_hours == 168
@@ -24,6 +25,7 @@ def test_defaults_follow_the_design():
         (dict(scope="table"), ["scope", "'table'", "partitioned", "global"]),
         (dict(engine="spark"), ["engine", "deltalake", "delta-spark"]),
         (dict(ties="newest"), ["ties", "incoming", "existing"]),
+        (dict(tag_on="cluster"), ["tag_on", "auto", "executors", "driver"]),
         (dict(key=[]), ["key", "at least one"]),
         (dict(key=["id", "id"]), ["key", "twice"]),
         (dict(num_shards=0), ["num_shards", "1 to 4096"]),
@@ -84,3 +86,13 @@ def test_from_file_missing_required_and_missing_table(tmp_path):
         SinkConfig.from_file(conf)
     with pytest.raises(ConfigError, match="not found"):
         SinkConfig.from_file(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("master, one_process", [
+    ("local", True), ("local[2]", True), ("local[*]", True), ("local[4, 2]", True),
+    ("local-cluster[2,1,1024]", False), ("spark://host:7077", False), ("yarn", False), ("k8s://https://h:6443", False),
+])
+def test_auto_tags_on_the_driver_only_when_one_process_runs_everything(master, one_process):
+    assert SinkConfig(**BASE).tags_on_driver(master) is one_process
+    assert SinkConfig(**BASE, tag_on="executors").tags_on_driver(master) is False
+    assert SinkConfig(**BASE, tag_on="driver").tags_on_driver(master) is True

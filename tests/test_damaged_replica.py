@@ -34,7 +34,8 @@ def test_a_damaged_replica_is_rebuilt_and_the_stream_stays_exact(spark, tmp_path
 
 def test_verify_and_inspect_report_a_damaged_replica_and_bootstrap_repairs_it(spark, tmp_path, capsys):
     cfg = SinkConfig(table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
-                     writer_id="w", index_dir=str(tmp_path / "index"), num_shards=1, metrics_port=0)
+                     writer_id="w", index_dir=str(tmp_path / "index"), num_shards=1, metrics_port=0,
+                     tag_on="executors")  # replicas closed after the batch, as when the job has ended
     batches = random_batches(5, batches=1, per_batch=3000, keys=6000, days=2, bad_share=0)
     UpsertSink(cfg)(spark.createDataFrame(batches[0], SCHEMA), 0)
     conf = tmp_path / "sink.toml"

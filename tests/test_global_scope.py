@@ -112,7 +112,7 @@ def test_a_table_written_in_partitioned_scope_refuses_a_global_sink(spark, tmp_p
 def test_global_shards_moving_every_batch_catch_up_from_the_changelog(spark, tmp_path):
     """Two index dirs used in turn, as by two executors each running every shard every other
     batch: moves and key-only deletes tagged on one are applied from the changelog on the other."""
-    cfg = config(tmp_path, num_shards=2)
+    cfg = config(tmp_path, num_shards=2, tag_on="executors")  # the path that writes the changelog
     batches = random_global_batches(21, batches=6, per_batch=250)
     executors = [UpsertSink(dataclasses.replace(cfg, index_dir=str(tmp_path / name)))
                  for name in ("executor-a", "executor-b")]
