@@ -27,7 +27,7 @@ PARTITION_TYPES = KEY_TYPES
 ORDERING_TYPES = ("byte", "short", "integer", "long", "timestamp", "date")
 
 
-def _col(name: str) -> str:
+def quoted_column(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
@@ -37,10 +37,10 @@ def _col(name: str) -> str:
 def spark_key_expr(key_cols: Sequence[str]) -> str:
     """SQL for the encoded key string; equals `encode_keys` on the same values."""
     if len(key_cols) == 1:
-        return f"CAST({_col(key_cols[0])} AS STRING)"
+        return f"CAST({quoted_column(key_cols[0])} AS STRING)"
     parts = []
     for c in key_cols:
-        s = f"CAST({_col(c)} AS STRING)"
+        s = f"CAST({quoted_column(c)} AS STRING)"
         parts.append(f"CAST(char_length({s}) AS STRING), ':', {s}")
     return "concat(" + ", ".join(parts) + ")"
 
@@ -52,7 +52,7 @@ def spark_shard_expr(key_expr: str, num_shards: int) -> str:
 
 def spark_ordering_expr(col: str, type_name: str) -> str:
     """SQL turning the ordering column into a comparable BIGINT; equals `ordering_values`."""
-    c = _col(col)
+    c = quoted_column(col)
     if type_name == "timestamp":
         return f"unix_micros({c})"
     if type_name == "date":
