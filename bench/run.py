@@ -72,10 +72,10 @@ def plot(result: dict, path: Path) -> None:
     labels = [f"{c['workload']}\n{c['table_rows'] // 1_000_000}M rows" for c in cases]
     x = range(len(cases))
     width = 0.27
-    for i, (name, color) in enumerate([("baseline", "#999999"), ("sink", "#1f77b4"), ("sink-driver", "#2ca02c")]):
+    for i, (name, color) in enumerate([("baseline", "#999999"), ("sink", "#2ca02c"), ("sink-executors", "#1f77b4")]):
         axes[0].bar([p + (i - 1) * width for p in x], [c[name]["median_after_first"] for c in cases], width,
-                    label={"baseline": "hand-written MERGE", "sink": "sink (executor tagging)",
-                           "sink-driver": "sink (driver tagging)"}[name], color=color)
+                    label={"baseline": "hand-written MERGE", "sink": "sink, default (driver tagging here)",
+                           "sink-executors": "sink (executor tagging)"}[name], color=color)
     axes[0].set_xticks(list(x), labels, fontsize=7, rotation=30, ha="right")
     axes[0].set_ylabel("seconds per 100k-record batch (median)")
     axes[0].set_title("End to end, side by side")

@@ -41,7 +41,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sink-two-executors-"))
     try:
         cases = e2e.run(spark, work, args.sizes, ["events"], args.batches, args.batch_rows, args.shards,
-                        contenders=("sink", "baseline"), executor_index_dirs=True)
+                        contenders=("sink-executors", "baseline"), executor_index_dirs=True)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
