@@ -90,3 +90,23 @@ def test_compose_files_and_ports_line_up():
     mounts = dict(v.split(":")[:2] for v in services["grafana"]["volumes"])
     assert mounts["./conf/grafana/dashboards"] == provider["providers"][0]["options"]["path"]
     assert list((ROOT / "conf/grafana/dashboards").glob("*.json"))
+
+
+def test_the_image_takes_python_and_spark_from_the_pins_in_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = tuple(int(p) for p in re.fullmatch(r">=(\d+)\.(\d+)", project["requires-python"]).groups())
+    dockerfile = (CONF / "docker" / "Dockerfile").read_text()
+    bases = re.findall(r"^FROM\s+(\S+)", dockerfile, re.M)
+    assert len(bases) == 1 and bases[0].startswith("python:"), "one base image: the Python one"
+    python = tuple(int(p) for p in re.match(r"python:(\d+)\.(\d+)", bases[0]).groups())
+    assert python >= required
+    # Spark is the pyspark wheel pip installs from pyproject's pin, found under that Python.
+    assert "pip install --no-cache-dir ." in dockerfile
+    assert any(d.startswith("pyspark") for d in project["dependencies"])
+    spark_home = re.search(r"SPARK_HOME=(\S+)", dockerfile).group(1)
+    assert spark_home == f"/usr/local/lib/python{python[0]}.{python[1]}/site-packages/pyspark"
+    assert "openjdk-17" in dockerfile  # the Java the Makefile asks for
+    # The job writes to the bind-mounted ./data as the uid compose passes.
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert compose["services"]["sink-job"]["build"]["args"]["UID"] == "${UID:-1000}"
+    assert re.search(r"^ARG UID=", dockerfile, re.M) and 'useradd --uid "${UID}"' in dockerfile
