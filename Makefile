@@ -10,8 +10,8 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
-		{ echo "error: Python 3.10+ is required (found $$($(PYTHON) --version 2>&1))"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "error: Python 3.11+ is required (found $$($(PYTHON) --version 2>&1); the config reader uses tomllib)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'

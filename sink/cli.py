@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import re
 import sys
 import time
@@ -27,7 +26,7 @@ from sink.index.lifecycle import ShardSource, bootstrap
 from sink.index.loader import read_global, read_partition
 from sink.index.replica import GLOBAL, ShardReplica, replica_path, replica_spec
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.log import read_commit
+from sink.lakehouse.log import read_commit, recorded_num_shards
 
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 
@@ -283,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--index-dir", help="replicas' root (default: the config's, else Spark's local dir)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if name == "bootstrap":
-            p.add_argument("--num-shards", type=int, help="default: the config's num_shards, else the CPU count")
+            p.add_argument("--num-shards", type=int,
+                           help="default: the config's num_shards, else the count the writer's latest batch used")
         if name == "contract":
             p.add_argument("--rewrite", action="store_true",
                            help="record the config's contract (after checking the table's rows against it)")
@@ -305,7 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
         return code
     if args.command == "bootstrap":
-        shards = args.num_shards or ctx.cfg.num_shards or os.cpu_count() or 1
+        shards = args.num_shards or ctx.cfg.num_shards or recorded_num_shards(
+            ctx.cfg.table_uri, ctx.table.version(), ctx.cfg.resolved_writer_id, ctx.cfg.partition_by)
+        if shards is None:
+            print(f"error: how many shards? {args.config} sets no num_shards and writer "
+                  f"{ctx.cfg.resolved_writer_id!r} has no batch in {ctx.cfg.table_uri} yet; pass --num-shards N "
+                  "(the job uses num_shards, else Spark's default parallelism)", file=sys.stderr)
+            return 2
         results = prewarm(ctx, shards, time.time())
         if args.json:
             print(json.dumps(results, indent=2))

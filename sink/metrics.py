@@ -1,4 +1,4 @@
-"""Prometheus metrics of the sink, published on the driver (names follow DESIGN.md)."""
+"""Prometheus metrics of the sink, published on the driver (listed in the README's Monitoring section)."""
 
 from __future__ import annotations
 
@@ -85,6 +85,16 @@ def serve(port: int) -> None:
                 "choose a free port, or 0 to turn the endpoint off"
             ) from e
         _served_ports.add(port)
+
+
+def start(sink: str) -> None:
+    """Show every counter of `sink` at 0 from the start: a rate or increase() alert needs the
+    series to exist before its first increment."""
+    for counter in (LOAD_FAILURES, BATCHES_SKIPPED, COMMIT_RETRIES, REPLICAS_REPAIRED, KEYS_IN_SEVERAL_PARTITIONS,
+                    KEYS_IN_OTHER_PARTITION, EVICTIONS, SHARD_MOVES, CHANGELOG_APPLIED):
+        counter.labels(sink)
+    for mode in ("append", "merge"):
+        COMMITS.labels(sink, mode)
 
 
 def publish(sink: str, report) -> None:

@@ -3,12 +3,13 @@ import json
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from sink import keys
 from sink.cli import main
 from sink.index.entry import Entry
 from sink.index.replica import ShardReplica, replica_spec
+from sink.lakehouse.log import NUM_SHARDS_PROPERTY, SHARDS_PROPERTY
 
 TODAY = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 
@@ -107,3 +108,22 @@ def test_contract_shows_records_and_refuses_a_key_the_rows_do_not_satisfy(setup,
     code, out = run(capsys, "contract", "--config", str(conf), "--rewrite")
     assert code == 1 and "10 key(s) have several rows under ['ts', 'dt']" in out.out
     assert DeltaTable(str(conf.parent / "table")).metadata().configuration["upsert_sink.key"] == '["id"]'
+
+
+def test_bootstrap_without_num_shards_warms_the_shards_the_writers_last_batch_used(setup, capsys, tmp_path):
+    conf, rows = setup
+    conf.write_text(conf.read_text().replace("num_shards = 2\n", ""))
+    code, out = run(capsys, "bootstrap", "--config", str(conf))
+    assert code == 2 and "sets no num_shards and writer 'w' has no batch" in out.err and "--num-shards" in out.err
+    uri = str(tmp_path / "table")
+    # What a sink batch of writer w on 3 shards records, then another writer's commit on top.
+    table = DeltaTable(uri).to_pyarrow_table().slice(0, 1)
+    write_deltalake(uri, table, mode="append", commit_properties=CommitProperties(
+        custom_metadata={NUM_SHARDS_PROPERTY: "3", SHARDS_PROPERTY: "0"}, app_transactions=[Transaction("w", 0)]))
+    write_deltalake(uri, table, mode="append", commit_properties=CommitProperties(
+        custom_metadata={NUM_SHARDS_PROPERTY: "5", SHARDS_PROPERTY: "0"}, app_transactions=[Transaction("other", 0)]))
+    code, out = run(capsys, "bootstrap", "--config", str(conf))
+    assert code == 0
+    table_id = DeltaTable(uri).metadata().id
+    assert sorted(p.name for p in (tmp_path / "index" / table_id).iterdir()) == [
+        "shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]

@@ -68,6 +68,17 @@ def read_commit(table_uri: str, version: int, partition_cols: list[str]) -> Comm
     return parse_commit(version, text, partition_cols)
 
 
+def recorded_num_shards(table_uri: str, version: int, writer_id: str, partition_cols: list[str],
+                        lookback: int = 1000) -> int | None:
+    """The shard count of `writer_id`'s latest batch at or before `version` (within
+    `lookback` commits), as the sink recorded it; None when there is none."""
+    for v in range(version, max(-1, version - lookback), -1):
+        commit = read_commit(table_uri, v, partition_cols)
+        if commit is not None and writer_id in commit.app_versions and commit.sink_int(NUM_SHARDS_PROPERTY):
+            return commit.sink_int(NUM_SHARDS_PROPERTY)
+    return None
+
+
 def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSummary:
     apps: dict[str, int] = {}
     touched: set[str] | None = set()
