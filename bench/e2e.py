@@ -74,6 +74,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                              tag_on=TAG_ON[name])
             sink = UpsertSink(cfg)
             seconds = stream(spark, landing, case / name / "cp", sink)
+            sink.close()
             reports = sink.reports
             extra = {
                 "tag_seconds": [round(r.tag_seconds, 3) for r in reports],

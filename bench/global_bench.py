@@ -196,6 +196,7 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
         "index_memory_bytes_per_key": round(index_memory(case / "sink" / "index") / keys, 3),
         "table_equal_to_oracle": _sorted(DeltaTable(str(uri)).to_pyarrow_table()).equals(expected),
     }
+    sink.close()
     shutil.rmtree(case / "sink")
 
     uri = case / "baseline" / "table"

@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 
 from jobs.job_config import load_job_config
 from jobs.upsert_stream import run
+from sink.foreach_batch import OUTCOMES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "sink.toml"
 DAYS = 30
@@ -105,7 +106,7 @@ def summarize(sink, table_uri: str, seconds: float) -> str:
         "=== upsert sink demo ===",
         f"batches: {len(reports)}  ({dict(modes)})  records in: {records}  in {seconds:.1f}s "
         f"= {records / seconds if seconds else 0:,.0f} events/s end to end",
-        "operations: " + "  ".join(f"{k}={ops[k]}" for k in ("insert", "update", "delete", "stale", "quarantined")),
+        "operations: " + "  ".join(f"{k}={ops[k]}" for k in OUTCOMES),
         f"index: hits={hits} misses={misses} partition loads: "
         + "  ".join(f"{reason}={n}" for reason, n in loads.items()),
         f"per batch: tag {_mean(tag_s):.2f}s  commit {_mean(commit_s):.2f}s (mean)",

@@ -47,7 +47,10 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     query = build_query(spark, cfg, sink, once, trigger_seconds)
     log.info("query %s started: %s -> %s (writer_id %s)", query.id, cfg.source.path,
              cfg.sink.table_uri, sink.writer_id)
-    query.awaitTermination()
+    try:
+        query.awaitTermination()
+    finally:
+        sink.close()
     return sink
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,17 +32,25 @@ from sink.errors import (
 from sink.executor import LOAD_REASONS, QUARANTINED, TaskContext, tag_batches, tag_locally
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER, has_change_data_feed
+from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.schema import added_columns
 from sink.prepare import prepare, tagged_schema, validate_stream
-from sink.tagging import DELETE, INSERT, OPS, TOMBSTONE, UPDATE
+from sink.tagging import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
 
 log = logging.getLogger("sink")
 
 QUARANTINE_REASON = "_quarantine_reason"
 QUARANTINE_BATCH = "_quarantine_batch_id"
+
+# What became of each input record: what reached the table (one insert, update or delete per
+# key and batch; delete_missing: a delete of a key the table does not hold, kept as a
+# tombstone only), stale (older than the stored or the batch's newer record), superseded
+# (applied, then overwritten by a later record of its key in the same batch), quarantined.
+OUTCOMES = (INSERT, UPDATE, DELETE, "delete_missing", STALE, "superseded", QUARANTINED)
+_OUTCOME_OF_WRITE = {INSERT: INSERT, UPDATE: UPDATE, DELETE: DELETE, TOMBSTONE: "delete_missing"}
 
 # Where a batch's time goes, in order. checks: schema, contract and replay checks; prepare:
 # planning the routed records; collect: the records into the driver (tag_on = "driver");
@@ -57,7 +66,7 @@ class BatchReport:
 
     batch_id: int
     records_in: int = 0
-    ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*OPS, "quarantined"), 0))
+    ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     hits: int = 0
     misses: int = 0
     memory_hits: int = 0  # of the hits, answered by the in-memory tier
@@ -113,7 +122,8 @@ class BatchReport:
         o = self.ops
         return (
             f"batch={self.batch_id} in={self.records_in} inserted={o['insert']} updated={o['update']} "
-            f"deleted={o['delete']} stale={o['stale']} quarantined={o['quarantined']} "
+            f"deleted={o['delete']} delete_missing={o['delete_missing']} stale={o['stale']} "
+            f"superseded={o['superseded']} quarantined={o['quarantined']} "
             f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
             f"moves={self.shard_moves} mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
@@ -135,9 +145,17 @@ class UpsertSink:
         self._contract = Contract.of(config)
         self._validated = None
         self._on_driver: bool | None = None  # where tagging runs, resolved at the first batch
+        self._kept_open_dir: Path | None = None  # this table's replicas kept open by driver tagging
         self._changelog_uri: str | None = None
         self._changelog_swept: int | None = None  # version at the last retention sweep
         metrics.serve(config.metrics_port)
+        metrics.start(self.writer_id)
+
+    def close(self) -> None:
+        """Close the replicas driver tagging keeps open between batches (the next batch
+        reopens them); call it once the query has ended. At exit they close anyway."""
+        if self._kept_open_dir is not None:
+            close_kept_open(under=self._kept_open_dir)
 
     def _num_shards(self, batch_df: DataFrame) -> int:
         return self.config.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
@@ -248,6 +266,8 @@ class UpsertSink:
                 with report.timed("prepare"):
                     self._target.refresh()
                     ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files)
+                    if self._on_driver:
+                        self._kept_open_dir = Path(ctx.index_root()) / ctx.table_id
                 tagged = self._tag(prepared, ctx, out_schema, report)
                 with report.timed("split"):
                     records, shards = self._read_tags(tagged, report)
@@ -360,9 +380,7 @@ class UpsertSink:
         is_stats = pc.equal(tagged.column(C.OP), C.STATS_OP)
         stats_rows = [json.loads(s) for s in tagged.filter(is_stats).column(C.STATS).to_pylist()]
         records = tagged.filter(pc.invert(is_stats))
-        report.ops = dict.fromkeys((*OPS, QUARANTINED), 0)
-        for op, n in zip(*_value_counts(records.column(C.OP))):
-            report.ops[op] = n
+        report.ops = outcomes(records.column(C.OP), records.column(C.WRITE))
         hits = records.column(C.HIT)
         report.hits = pc.sum(pc.cast(pc.fill_null(hits, False), "int64")).as_py() or 0
         report.misses = pc.sum(pc.cast(pc.equal(hits, False), "int64")).as_py() or 0
@@ -469,7 +487,9 @@ class UpsertSink:
         self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow(), batch_id)
 
     def _append_tombstones(self, deletes: pa.Table, batch_id: int) -> None:
-        """Every valid delete record of the batch, so a reloaded partition remembers it.
+        """The batch's valid deletes, so a reloaded partition remembers them: per key (per
+        partition and key in partitioned scope) the one with the highest ordering value,
+        which is all a load needs.
 
         A pure function of the batch's input, written before the main commit (and again on
         a replay that finds the main commit done), idempotent by app transaction. Rows name
@@ -477,12 +497,27 @@ class UpsertSink:
         so another writer reloading a partition never misses a delete that landed.
         """
         cfg = self.config
+        per_key = cfg.key if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
+        deletes = latest_per_key(deletes.select([*cfg.key, *cfg.partition_by, cfg.ordering]), per_key, cfg.ordering)
         n = deletes.num_rows
-        rows = deletes.select([*cfg.key, *cfg.partition_by, cfg.ordering]).append_column(
+        rows = deletes.append_column(
             TOMBSTONE_WRITER, pa.array([self.writer_id] * n, pa.string())).append_column(
             TOMBSTONE_BATCH, pa.array([batch_id] * n, pa.int64()))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
                     schema_mode="merge")
+
+
+def latest_per_key(rows: pa.Table, key_cols: list[str], ordering: str) -> pa.Table:
+    """One row per distinct `key_cols`: the one with the highest `ordering` (the first
+    such row on a tie), in input order."""
+    if rows.num_rows < 2:
+        return rows
+    position = "__position"
+    ranked = rows.select([*key_cols, ordering]).append_column(position, pa.array(range(rows.num_rows), pa.int64()))
+    ranked = ranked.sort_by([(ordering, "descending"), (position, "ascending")])
+    kept = ranked.group_by(key_cols, use_threads=False).aggregate([(position, "first")])
+    first = kept.column(f"{position}_first")
+    return rows.take(pc.take(first, pc.sort_indices(first)))
 
 
 def _touches(commits, batch_partitions: pa.Array, scope: str) -> bool:
@@ -524,6 +559,17 @@ def _at_stored(rows: pa.Table, partition_cols: list[str]) -> pa.Table:
         strings = pa.array([v.get(c) or None for v in values], pa.string())
         rows = rows.set_column(rows.schema.get_field_index(c), c, strings.cast(rows.schema.field(c).type))
     return rows
+
+
+def outcomes(op: pa.ChunkedArray, write: pa.ChunkedArray) -> dict[str, int]:
+    """Count of each OUTCOMES entry, from the records' tags."""
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for name, n in zip(*_value_counts(write.drop_null())):
+        counts[_OUTCOME_OF_WRITE[name]] += n
+    unwritten = op.filter(pc.is_null(write))
+    for name, n in zip(*_value_counts(unwritten)):
+        counts[name if name in (STALE, QUARANTINED) else "superseded"] += n
+    return counts
 
 
 def _value_counts(col) -> tuple[list[str], list[int]]:

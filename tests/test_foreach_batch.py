@@ -1,10 +1,12 @@
 import shutil
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import REGISTRY
 
 from sink import SchemaError, SinkConfig, UpsertSink, WriterIdReusedError
+from sink.foreach_batch import latest_per_key
 from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -130,9 +132,13 @@ def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
     def value(name, **labels):
         return REGISTRY.get_sample_value(name, {"sink": "metrics-test", **labels})
 
+    # What reached the table: a and b inserted (a once, its first record superseded), b
+    # updated in batch 1; c's delete found nothing to delete; a's batch-1 record is stale.
     assert value("upsert_sink_records_total", op="insert") == 2
-    assert value("upsert_sink_records_total", op="update") == 2
-    assert value("upsert_sink_records_total", op="delete") == 1
+    assert value("upsert_sink_records_total", op="update") == 1
+    assert value("upsert_sink_records_total", op="delete") == 0
+    assert value("upsert_sink_records_total", op="delete_missing") == 1
+    assert value("upsert_sink_records_total", op="superseded") == 1
     assert value("upsert_sink_records_total", op="stale") == 1
     assert value("upsert_sink_records_total", op="quarantined") == 1
     # Distinct keys looked up: a, b, c miss in batch 0; a, b hit in batch 1.
@@ -159,3 +165,85 @@ def test_the_batch_log_line_says_where_the_time_went(spark, tmp_path, tag_on, ta
     untimed = report.total_seconds - (sum(report.phases.values()) - report.phases["metrics"])
     assert 0 <= untimed < 0.1 * report.total_seconds
     assert f"commit:{report.phases['commit']:.3f}" in report.summary()
+
+
+def test_latest_per_key_keeps_the_highest_ordering_first_on_ties_in_input_order():
+    rows = pa.table({"id": ["a", "b", "a", "a", "b"], "dt": ["x", "x", "x", "y", "x"], "ts": [1, 5, 3, 2, 5],
+                     "n": [0, 1, 2, 3, 4]})
+    assert latest_per_key(rows, ["id", "dt"], "ts").column("n").to_pylist() == [1, 2, 3]
+    assert latest_per_key(rows, ["id"], "ts").column("n").to_pylist() == [1, 2]
+
+
+def test_tombstones_keep_one_row_per_key_and_batch(spark, tmp_path):
+    cfg = config(tmp_path, writer_id="tombstone-rows")
+    events = [Event("a", "2025-01-01", 1, "u", "1"), Event("a", "2025-01-01", 2, "d", None),
+              Event("a", "2025-01-01", 4, "d", None), Event("a", "2025-01-01", 3, "d", None),
+              Event("b", "2025-01-01", 1, "d", None), Event("b", "2025-01-01", 1, "d", None),
+              Event("a", "2025-01-02", 5, "d", None)]
+    sink = UpsertSink(cfg)
+    sink(frame(spark, events), 0)
+    sink(frame(spark, [Event("b", "2025-01-01", 2, "d", None)]), 1)
+    tombstones = DeltaTable(cfg.resolved_tombstone_uri).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["dt"], r["ts"], r["_tombstone_batch_id"]) for r in tombstones) == [
+        ("a", "2025-01-01", 4, 0), ("a", "2025-01-02", 5, 0), ("b", "2025-01-01", 1, 0), ("b", "2025-01-01", 2, 1)]
+    assert table_rows(cfg.table_uri) == expected_rows([events, [Event("b", "2025-01-01", 2, "d", None)]])
+
+
+def expected_outcomes(records, stored):
+    """Independent count: per key of one batch, records older than the stored entry are
+    stale, the newest of the rest (later arrival on a tie) reaches the table, the others are
+    superseded. `stored`: (ordering, deleted) or None."""
+    counts = dict.fromkeys(["insert", "update", "delete", "delete_missing", "stale", "superseded"], 0)
+    applied = [(e.ts, pos, e) for pos, e in enumerate(records) if stored is None or e.ts >= stored[0]]
+    counts["stale"] = len(records) - len(applied)
+    if applied:
+        winner = max(applied)[2]
+        live = stored is not None and not stored[1]
+        if winner.op == "d":
+            counts["delete" if live else "delete_missing"] += 1
+        else:
+            counts["update" if live else "insert"] += 1
+        counts["superseded"] = len(applied) - 1
+        stored = (winner.ts, winner.op == "d")
+    return counts, stored
+
+
+def test_many_records_of_one_key_count_one_write_and_leave_at_most_one_tombstone(spark, tmp_path):
+    import random
+
+    rng = random.Random(7)
+    sink = UpsertSink(config(tmp_path, writer_id="one-key"))
+    stored, batches = None, []
+    for b, n in enumerate([2000, 1500, 1000]):
+        events = [Event("a", "2025-01-01", rng.randrange(1 + 40 * b, 60 + 40 * b), rng.choice("uud"), str(i))
+                  for i in range(n)]
+        batches.append(events)
+        sink(frame(spark, events), b)
+        expected, stored = expected_outcomes(events, stored)
+        report = sink.reports[-1]
+        assert {k: v for k, v in report.ops.items() if k != "quarantined"} == expected, f"batch {b}"
+        assert table_rows(sink.config.table_uri) == expected_rows(batches)
+    tombstones = DeltaTable(sink.config.resolved_tombstone_uri).to_pyarrow_table().to_pylist()
+    per_batch = [sum(r["_tombstone_batch_id"] == b for r in tombstones) for b in range(3)]
+    assert per_batch == [int(any(e.op == "d" for e in events)) for events in batches]
+
+
+def test_close_lets_go_of_the_replicas_driver_tagging_keeps_open(spark, tmp_path):
+    from sink.index.replica import _KEPT_OPEN
+
+    sink = UpsertSink(config(tmp_path, writer_id="closing", tag_on="driver", num_shards=2))
+    other = UpsertSink(config(tmp_path / "other", writer_id="other", tag_on="driver", num_shards=1))
+    sink(frame(spark, [Event("a", "2025-01-01", 1, "u", "1"), Event("b", "2025-01-01", 1, "u", "1")]), 0)
+    other(frame(spark, [Event("a", "2025-01-01", 1, "u", "1")]), 0)
+    index = tmp_path / "index"
+
+    def held(root):
+        return sorted(p for p in _KEPT_OPEN if p.startswith(str(root)))
+
+    assert len(held(index)) == 2 and len(held(tmp_path / "other")) == 1
+    sink.close()
+    assert held(index) == [] and len(held(tmp_path / "other")) == 1  # only its own
+    sink(frame(spark, [Event("a", "2025-01-01", 2, "u", "2")]), 1)  # reopens them
+    assert sink.reports[-1].ops["update"] == 1 and sink.reports[-1].replicas_rebuilt == 0
+    other.close()
+    sink.close()

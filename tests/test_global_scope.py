@@ -74,6 +74,7 @@ def test_a_key_only_delete_finds_the_row_and_one_of_an_unknown_key_changes_nothi
     sink(frame(spark, [Event("a", None, 6, "d", ""), Event("zz", None, 6, "d", "")]), 1)
     assert [r["id"] for r in rows(cfg.table_uri)] == ["b"]
     assert DeltaTable(cfg.table_uri).version() == version + 1
+    assert (sink.reports[-1].ops["delete"], sink.reports[-1].ops["delete_missing"]) == (1, 1)
     # The tombstone keeps an older late update of the deleted key out, in any partition.
     sink(frame(spark, [Event("a", "2025-01-03", 4, "u", "late"), Event("zz", "2025-01-03", 5, "u", "late")]), 2)
     assert [r["id"] for r in rows(cfg.table_uri)] == ["b"]

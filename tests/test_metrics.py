@@ -58,3 +58,14 @@ def test_every_phase_is_observed_under_its_own_label():
             continue
         assert REGISTRY.get_sample_value("upsert_sink_batch_seconds_count", labels) == 1
         assert REGISTRY.get_sample_value("upsert_sink_batch_seconds_sum", labels) == seconds
+
+
+def test_a_new_sinks_counters_exist_at_zero_before_its_first_batch(tmp_path):
+    from sink import SinkConfig, UpsertSink
+
+    UpsertSink(SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="ts", writer_id="fresh",
+                          metrics_port=0))
+    for name in ("upsert_sink_index_load_failures_total", "upsert_sink_batches_skipped_total",
+                 "upsert_sink_commit_retries_total", "upsert_sink_index_replicas_repaired_total"):
+        assert REGISTRY.get_sample_value(name, {"sink": "fresh"}) == 0, name
+    assert REGISTRY.get_sample_value("upsert_sink_commits_total", {"sink": "fresh", "mode": "merge"}) == 0

@@ -627,11 +627,13 @@ class ShardReplica:
 _KEPT_OPEN: dict[str, ShardReplica] = {}
 
 
-def close_kept_open() -> None:
-    """Close the replicas `acquire` kept open (at exit, so they are found clean next time).
-    One whose directory is gone, or that fails to close, is let go: it is wiped on its next
-    open, which costs a reload, never correctness."""
+def close_kept_open(under: Path | None = None) -> None:
+    """Close the replicas `acquire` kept open (all of them at exit, so they are found clean
+    next time; or those under one directory). One whose directory is gone, or that fails to
+    close, is let go: it is wiped on its next open, which costs a reload, never correctness."""
     for replica in list(_KEPT_OPEN.values()):
+        if under is not None and not replica.path.is_relative_to(under):
+            continue
         _KEPT_OPEN.pop(str(replica.path), None)
         if not (replica.path / "CURRENT").exists():
             replica._abandon()
