@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-quick check-java test-tools clean-data
+.PHONY: run submit test lint bench bench-quick check-java test-tools clean-data
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
@@ -40,6 +40,13 @@ test-tools:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
 			|| echo "warning: prometheus could not be installed; the scrape test will be skipped"; \
 		else echo "note: prometheus is not installed (apt-get install prometheus); the scrape test will be skipped"; fi; }
+
+# The ready job under the venv's spark-submit (the pip pyspark needs SPARK_HOME, and the
+# driver must run the venv's Python), on conf/sink.toml: what is in the landing dir, then stop.
+submit: $(STAMP)
+	SPARK_HOME="$$($(PY) -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" \
+	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
+		$(VENV)/bin/spark-submit --master "local[2]" jobs/upsert_stream.py --config conf/sink.toml --once
 
 # Benchmarks (not tests): results in bench/results/<name>-<date>.json and .png.
 bench: $(STAMP)

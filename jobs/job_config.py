@@ -40,11 +40,22 @@ class SourceConfig:
             )
 
 
+SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
+
+
 @dataclass
 class JobSettings:
     app_name: str = "delta-upsert-sink"
     master: str | None = None
     trigger_seconds: int = 10
+    # Spark's own log level once the session runs (spark-submit defaults to INFO: hundreds
+    # of lines around the sink's one line per batch).
+    spark_log_level: str = "WARN"
+
+    def __post_init__(self) -> None:
+        if self.spark_log_level not in SPARK_LOG_LEVELS:
+            raise ConfigError(f"job.spark_log_level = {self.spark_log_level!r} is not accepted; accepted values: "
+                              f"{list(SPARK_LOG_LEVELS)}")
 
 
 @dataclass

@@ -41,6 +41,7 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     if not cfg.sink.checkpoint_dir:
         raise SystemExit("set sink.checkpoint_dir in the config: the query needs a checkpoint location")
     spark = spark_session(cfg.job.app_name, master or cfg.job.master)
+    spark.sparkContext.setLogLevel(cfg.job.spark_log_level)
     if "://" not in cfg.source.path:
         Path(cfg.source.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
     sink = UpsertSink(cfg.sink)

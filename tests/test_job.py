@@ -85,6 +85,10 @@ def test_job_config_errors_name_the_key(tmp_path):
     conf.write_text(CONFIG + "\n[job]\ntrigger = 5\n")
     with pytest.raises(ConfigError, match=r"unknown job key\(s\) \['trigger'\]"):
         load_job_config(conf)
+    conf.write_text(CONFIG + '\n[job]\nspark_log_level = "quiet"\n')
+    with pytest.raises(ConfigError, match=r"job.spark_log_level = 'quiet' is not accepted; accepted values: "
+                                          r"\['ALL', 'TRACE', 'DEBUG', 'INFO', 'WARN', 'ERROR', 'FATAL', 'OFF'\]"):
+        load_job_config(conf)
 
 
 def test_the_shipped_example_config_loads():
