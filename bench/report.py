@@ -34,6 +34,26 @@ def markdown(result: dict) -> str:
                          f"{case['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
                          f"({case['ratio_baseline_over_sink_executors']:.2f}x) | {sink['median_warm']:.2f} s | {loads} | "
                          f"{moves} |")
+    lines += ["", "| sink, default: phase medians (s) | table rows | collect | tag | split | commit | other | batch |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in result["e2e"]:
+        phases = c["sink"]["phases"]
+        shown = [phases.get(p, 0.0) for p in ("collect", "tag", "split", "commit")]
+        other = sum(phases.values()) - sum(shown)
+        lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
+                     + " | ".join(f"{v:.2f}" for v in shown)
+                     + f" | {other:.2f} | {c['sink']['median_after_first']:.2f} |")
+    if result.get("global"):
+        lines += ["", "| global scope | table rows | MERGE on the key alone | sink | sink commit | index memory per key "
+                  "| partition loads after bootstrap | tables equal to the oracle |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for c in result["global"]:
+            sink = c["sink"]
+            lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
+                         f"{c['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
+                         f"({c['ratio_baseline_over_sink']:.2f}x) | {sink['phases'].get('commit', 0.0):.2f} s | "
+                         f"{sink['index_memory_bytes_per_key']} B | {sink['loads_after_bootstrap']} | "
+                         f"{sink['table_equal_to_oracle'] and c['baseline']['table_equal_to_oracle']} |")
     lines += ["", "| table rows | append | MERGE, pruned (sink) | MERGE, unpruned |", "|---:|---:|---:|---:|"]
     for c in result["commit"]:
         lines.append(f"| {c['table_rows'] // 1_000_000}M | {c['append_median']:.3f} s | "
