@@ -28,6 +28,8 @@ class SinkConfig:
     key: list[str]
     ordering: str
     partition_by: list[str] = field(default_factory=list)
+    # Stream columns that route and classify records (e.g. an op code) but are not stored.
+    except_columns: list[str] = field(default_factory=list)
     delete_when: str | None = None
     scope: str = "partitioned"
     checkpoint_dir: str | None = None
@@ -101,8 +103,9 @@ class SinkConfig:
                     values[name] = _resolve(values[name], base_dir)
         if isinstance(values.get("key"), str):
             values["key"] = [values["key"]]
-        if isinstance(values.get("partition_by"), str):
-            values["partition_by"] = [values["partition_by"]]
+        for name in ("partition_by", "except_columns"):
+            if isinstance(values.get(name), str):
+                values[name] = [values[name]]
         return cls(**values)
 
     def validate(self) -> None:
@@ -122,6 +125,11 @@ class SinkConfig:
             raise ConfigError(f"key and partition_by share column(s) {sorted(overlap)}")
         if self.ordering in self.key or self.ordering in self.partition_by:
             raise ConfigError(f"ordering column {self.ordering!r} must not be a key or partition column")
+        _require_columns("except_columns", self.except_columns, allow_empty=True)
+        needed = set(self.key) | set(self.partition_by) | {self.ordering}
+        if needed & set(self.except_columns):
+            raise ConfigError(f"except_columns {sorted(needed & set(self.except_columns))} are key, partition or "
+                              "ordering columns, which the table must store")
         if self.delete_when is not None:
             _require_str("delete_when", self.delete_when)
         if self.num_shards is not None:

@@ -175,8 +175,17 @@ class UpsertSink:
         cfg = self.config
         roles = {**dict.fromkeys(cfg.key, "key"), **dict.fromkeys(cfg.partition_by, "partition_by"),
                  cfg.ordering: "ordering"}
-        return added_columns(to_arrow_schema(df.schema, timezone="UTC"), self._target.arrow_schema(), roles,
-                             cfg.schema_evolution)
+        table = self._target.arrow_schema()
+        stored = [c for c in cfg.except_columns if c in table.names]
+        if stored:
+            raise SchemaError(f"except_columns {stored} are columns {cfg.table_uri} stores: the sink never leaves a "
+                              "stored column empty; remove them from except_columns, or from the table first")
+        return added_columns(self._stored_schema(df), table, roles, cfg.schema_evolution)
+
+    def _stored_schema(self, df: DataFrame) -> pa.Schema:
+        """The stream's columns the table stores: all but `except_columns`."""
+        schema = to_arrow_schema(df.schema, timezone="UTC")
+        return pa.schema([f for f in schema if f.name not in self.config.except_columns])
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -185,7 +194,7 @@ class UpsertSink:
         with report.timed("checks"):
             self._resolve_tag_on(batch_df)
             self.validate(batch_df)
-            self._target.open_or_create(to_arrow_schema(batch_df.schema, timezone="UTC"), self._contract)
+            self._target.open_or_create(self._stored_schema(batch_df), self._contract)
             self._target.refresh()
             self._check_contract()
             added = self._added_columns(batch_df)

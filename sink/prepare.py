@@ -27,6 +27,9 @@ def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
             raise SchemaError(
                 f"{role} column {col!r} has type {types[col]}; accepted types: {list(accepted)}"
             )
+    missing = [c for c in cfg.except_columns if c not in types]
+    if missing:
+        raise SchemaError(f"except_columns {missing} are not in the stream; the stream's columns are {sorted(types)}")
     clashing = [n for n in types if n.startswith(C.PREFIX)]
     if clashing:
         raise SchemaError(f"column(s) {clashing} use the sink's reserved prefix {C.PREFIX!r}")
