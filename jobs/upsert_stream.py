@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file by spark-submit
@@ -40,8 +41,11 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     cfg = load_job_config(config_path)
     if not cfg.sink.checkpoint_dir:
         raise SystemExit("set sink.checkpoint_dir in the config: the query needs a checkpoint location")
+    log.info("starting Spark (%s); a local session takes 10-30 s", master or cfg.job.master or "spark-submit's master")
+    started = time.monotonic()
     spark = spark_session(cfg.job.app_name, master or cfg.job.master)
     spark.sparkContext.setLogLevel(cfg.job.spark_log_level)
+    log.info("Spark ready in %.0f s", time.monotonic() - started)
     if "://" not in cfg.source.path:
         Path(cfg.source.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
     sink = UpsertSink(cfg.sink)

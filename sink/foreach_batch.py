@@ -191,6 +191,9 @@ class UpsertSink:
         started = time.perf_counter()
         cfg = self.config
         report = BatchReport(batch_id)
+        # The first batch of a new replica loads its hot window: say so before the wait.
+        log.info("batch %s started%s", batch_id, "" if self.reports else
+                 " (the first batch of this process: replicas are opened, bootstrapped if new)")
         with report.timed("checks"):
             self._resolve_tag_on(batch_df)
             self.validate(batch_df)
