@@ -417,7 +417,10 @@ class UpsertSink:
         if not self.config.partition_by or self.config.scope == "global":  # global: a move, not a signal
             return 0
         valid = pc.is_null(records.column(C.REASON))
-        per_key = pa.table({"k": records.column(C.KEY).filter(valid), "p": pids.filter(valid)}) \
+        batch_keys = records.column(C.KEY).filter(valid)
+        if pc.count_distinct(batch_keys).as_py() == len(batch_keys):  # no key twice: the common case, ~2x cheaper
+            return 0
+        per_key = pa.table({"k": batch_keys, "p": pids.filter(valid)}) \
             .group_by("k").aggregate([("p", "count_distinct"), ("p", "distinct")])
         spread = per_key.filter(pc.greater(per_key.column("p_count_distinct"), 1))
         if spread.num_rows:
