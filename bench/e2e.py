@@ -107,6 +107,22 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
             **results, **ratios, "tables_equal": equal}
 
 
+def run_tiny(spark, work: Path, table_rows: int, batch_sizes: list[int], batches: int, num_shards: int = 2,
+             log=print) -> list[dict]:
+    """The events mix in batches of a few records: what a batch costs when there is nothing to do."""
+    template = work / f"start-tiny-{table_rows}"
+    write_start_table(str(template), table_rows)
+    out = []
+    for batch_rows in batch_sizes:
+        case = run_case(spark, work / f"tiny-{batch_rows}", template, "events", table_rows, batches, batch_rows,
+                        num_shards)
+        log(f"tiny batches of {batch_rows}: sink {case['sink']['median_after_first']}s, baseline "
+            f"{case['baseline']['median_after_first']}s; tables equal: {case['tables_equal']}")
+        out.append(case)
+    shutil.rmtree(template)
+    return out
+
+
 def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int, batch_rows: int,
         num_shards: int, log=print, contenders: tuple[str, ...] = CONTENDERS,
         executor_index_dirs: bool = False) -> list[dict]:

@@ -34,6 +34,14 @@ def markdown(result: dict) -> str:
                          f"{case['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
                          f"({case['ratio_baseline_over_sink_executors']:.2f}x) | {sink['median_warm']:.2f} s | {loads} | "
                          f"{moves} |")
+    if result.get("e2e_tiny"):
+        lines += ["", "| tiny batches (events mix) | table rows | records per batch | hand-written MERGE | sink, default "
+                  "| sink, executor tagging |", "|---|---:|---:|---:|---:|---:|"]
+        for c in result["e2e_tiny"]:
+            lines.append(f"| events | {c['table_rows'] // 1_000_000}M | {c['batch_rows']:,} | "
+                         f"{c['baseline']['median_after_first']:.2f} s | {c['sink']['median_after_first']:.2f} s "
+                         f"({c['ratio_baseline_over_sink']:.2f}x) | {c['sink-executors']['median_after_first']:.2f} s "
+                         f"({c['ratio_baseline_over_sink_executors']:.2f}x) |")
     lines += ["", "| sink, default: phase medians (s) | table rows | collect | tag | split | commit | other | batch |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for c in result["e2e"]:

@@ -29,15 +29,18 @@ class Mix:
 
     name: str
     updates: float
-    late_share: float  # of updates, those going to partitions older than 7 days
+    late_share: float  # of updates, those going to partitions older than `recent_days`
     deletes: float
     stale: float
+    recent_days: int = 7  # the other updates, deletes and stale records hit keys this recent
 
 
 WORKLOADS = {
     "events": Mix("events", updates=0.13, late_share=0.10, deletes=0.02, stale=0.05),
     "insert-only": Mix("insert-only", updates=0.0, late_share=0.0, deletes=0.0, stale=0.0),
     "update-heavy": Mix("update-heavy", updates=0.50, late_share=0.10, deletes=0.0, stale=0.0),
+    # The events mix with every update, delete and stale record within the last 3 days.
+    "recent-updates": Mix("recent-updates", updates=0.13, late_share=0.0, deletes=0.02, stale=0.05, recent_days=3),
 }
 
 
@@ -80,7 +83,7 @@ def write_batches(landing: Path, mix: Mix, table_rows: int, batches: int, batch_
     landing.mkdir(parents=True, exist_ok=True)
     next_key = table_rows
     deleted: set[int] = set()
-    recent = np.flatnonzero(_day_of(np.arange(table_rows)) < 7) if table_rows else np.array([], int)
+    recent = np.flatnonzero(_day_of(np.arange(table_rows)) < mix.recent_days) if table_rows else np.array([], int)
     for b in range(batches):
         n_upd, n_del, n_stale = (int(batch_rows * s) for s in (mix.updates, mix.deletes, mix.stale))
         n_new = batch_rows - n_upd - n_del - n_stale
