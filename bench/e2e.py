@@ -51,6 +51,17 @@ def phase_medians(reports) -> dict[str, float]:
             for phase in reports[0].phases if any(r.phases[phase] for r in reports)}
 
 
+def report_figures(reports) -> dict:
+    """Per-batch figures every sink contender records."""
+    return {
+        "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
+        "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
+        "phases": phase_medians(reports),
+        "merge_partitions": [r.merge_partitions for r in reports],
+        "partition_loads": [r.partition_loads for r in reports],
+    }
+
+
 def breakdown(phases: dict[str, float]) -> str:
     return " ".join(f"{phase} {seconds}" for phase, seconds in phases.items())
 
@@ -77,13 +88,9 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
             sink.close()
             reports = sink.reports
             extra = {
-                "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
+                **report_figures(reports),
                 "shard_seconds": [round(r.shard_seconds, 3) for r in reports],
-                "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
-                "phases": phase_medians(reports),
                 "modes": [r.mode for r in reports],
-                "merge_partitions": [r.merge_partitions for r in reports],
-                "partition_loads": [r.partition_loads for r in reports],
                 "shard_moves": [r.shard_moves for r in reports],
                 "changelog_applied": [r.changelog_applied for r in reports],
                 "replicas_rebuilt": [r.replicas_rebuilt for r in reports],

@@ -28,7 +28,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-from bench.e2e import breakdown, median_after_first, phase_medians, stream
+from bench.e2e import breakdown, median_after_first, report_figures, stream
 from bench.workloads import SCHEMA
 
 DAYS = 365
@@ -185,12 +185,8 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
     keys = expected.num_rows  # the index also holds the few deleted keys' tombstones
     out["sink"] = {
         "batch_seconds": [round(s, 3) for s in seconds], "median_after_first": round(median_after_first(seconds), 3),
-        "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
-        "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
-        "phases": phase_medians(reports),
-        "merge_partitions": [r.merge_partitions for r in reports],
+        **report_figures(reports),
         "ops": [r.ops for r in reports],
-        "partition_loads": [r.partition_loads for r in reports],
         # No partition loads after bootstrap: the keyspace is exact, so none is a false positive.
         "loads_after_bootstrap": sum(sum(r.partition_loads.values()) for r in reports[1:]),
         "index_memory_bytes_per_key": round(index_memory(case / "sink" / "index") / keys, 3),
