@@ -74,8 +74,9 @@ def recorded_num_shards(table_uri: str, version: int, writer_id: str, partition_
     `lookback` commits), as the sink recorded it; None when there is none."""
     for v in range(version, max(-1, version - lookback), -1):
         commit = read_commit(table_uri, v, partition_cols)
-        if commit is not None and writer_id in commit.app_versions and commit.sink_int(NUM_SHARDS_PROPERTY):
-            return commit.sink_int(NUM_SHARDS_PROPERTY)
+        shards = commit.sink_int(NUM_SHARDS_PROPERTY) if commit is not None else None
+        if shards and writer_id in commit.app_versions:
+            return shards
     return None
 
 
