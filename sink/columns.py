@@ -13,6 +13,7 @@ LOCATION = "__sink_location"  # global scope: the key's partition after the batc
 WRITE = "__sink_write"
 HIT = "__sink_hit"
 STATS = "__sink_stats"
+PARTIAL = "__sink_partial"  # ignore_null_updates: the write keeps stored values in its null columns
 
 PREFIX = "__sink_"
 # The row a tagging task adds to report its counters.

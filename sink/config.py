@@ -31,6 +31,8 @@ class SinkConfig:
     # Stream columns that route and classify records (e.g. an op code) but are not stored.
     except_columns: list[str] = field(default_factory=list)
     delete_when: str | None = None
+    # Partial updates: an update's null columns keep the stored value (a delete still removes the row).
+    ignore_null_updates: bool = False
     scope: str = "partitioned"
     checkpoint_dir: str | None = None
     writer_id: str | None = None
@@ -132,6 +134,7 @@ class SinkConfig:
                               "ordering columns, which the table must store")
         if self.delete_when is not None:
             _require_str("delete_when", self.delete_when)
+        _require_bool("ignore_null_updates", self.ignore_null_updates)
         if self.num_shards is not None:
             _require_int("num_shards", self.num_shards, 1, 4096)
         _require_int("bootstrap_days", self.bootstrap_days, 0, 100_000)
@@ -255,6 +258,11 @@ def _require_columns(name: str, value: object, allow_empty: bool) -> None:
 def _require_choice(name: str, value: object, accepted: tuple[str, ...]) -> None:
     if value not in accepted:
         raise ConfigError(f"{name} = {value!r} is not accepted; accepted values: {list(accepted)}")
+
+
+def _require_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
 
 
 def _require_int(name: str, value: object, low: int, high: int) -> None:

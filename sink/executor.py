@@ -33,6 +33,7 @@ from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import read_changes
 from sink.index.replica import GLOBAL, ShardReplica, is_corruption, replica_path, replica_spec, wipe_damaged
 from sink.lakehouse.log import read_commit
+from sink.partial import fold_nulls
 from sink.tagging import INSERT, tag, tag_global
 
 INDEX_SUBDIR = "upsert-sink-index"
@@ -73,6 +74,7 @@ class TaskContext:
     file_order: tuple[int, ...] = ()  # the batch's input files, oldest first (sink.arrival)
     scope: str = "partitioned"
     cross_partition_check: int = 0  # new keys per shard checked against the other held partitions
+    ignore_null_updates: bool = False  # an update's null columns keep the stored value (sink.partial)
 
     @property
     def spec(self) -> str:
@@ -157,7 +159,7 @@ def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
     n = bad.num_rows
     tags = {C.OP: pa.array([QUARANTINED] * n, pa.string()), C.WRITE: pa.nulls(n, pa.string()),
             C.STORED_AT: pa.nulls(n, pa.string()), C.LOCATION: pa.nulls(n, pa.string()),
-            C.HIT: pa.nulls(n, pa.bool_()), C.STATS: pa.nulls(n, pa.string())}
+            C.HIT: pa.nulls(n, pa.bool_()), C.STATS: pa.nulls(n, pa.string()), C.PARTIAL: pa.nulls(n, pa.bool_())}
     return pa.table([tags[f.name] if f.name in tags else bad.column(f.name) for f in schema], schema=schema)
 
 
@@ -256,6 +258,12 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
     stats["tag_seconds"] += time.perf_counter() - started
     kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [C.REASON, C.DELETE, C.KEY, C.SHARD,
                                                                              C.ORDERING]
+    partial = pa.nulls(rows.num_rows, pa.bool_())
+    if ctx.ignore_null_updates:
+        keys_only = (*ctx.key_cols, *ctx.partition_cols, ctx.ordering)
+        values = [n for n in rows.column_names if not n.startswith(C.PREFIX) and n not in keys_only]
+        groups = inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
+        rows, partial = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write)
     return (
         rows.select(kept).append_column(C.OP, result.op)
         .append_column(C.WRITE, result.write)
@@ -263,6 +271,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         .append_column(C.LOCATION, result.location if located else pa.nulls(rows.num_rows, pa.string()))
         .append_column(C.HIT, result.hit)
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
+        .append_column(C.PARTIAL, partial)
     )
 
 

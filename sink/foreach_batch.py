@@ -34,9 +34,10 @@ from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.delta_rs import WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
+from sink.lakehouse.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.schema import added_columns
+from sink.partial import fill_from_stored
 from sink.prepare import prepare, tagged_schema, validate_stream
 from sink.tagging import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
 
@@ -358,6 +359,7 @@ class UpsertSink:
             file_order=files,
             scope=cfg.scope,
             cross_partition_check=cfg.cross_partition_check,
+            ignore_null_updates=cfg.ignore_null_updates,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -442,17 +444,22 @@ class UpsertSink:
 
     def _commit(self, records: pa.Table, pids: pa.Array, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                 report: BatchReport) -> None:
+        cfg = self.config
         written = pc.is_valid(records.column(C.WRITE))
         writes = records.filter(written)
-        if self.config.scope == "global":
-            writes = placed(writes, pids.filter(written), self.config.partition_by)
+        if cfg.scope == "global":
+            writes = placed(writes, pids.filter(written), cfg.partition_by)
+            if cfg.ignore_null_updates:
+                writes = self._moved_keep_stored(writes)
         if writes.num_rows == 0:
             report.mode = "none"
             report.table_version = self._target.version()
             return
         rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE, C.KEY, C.SHARD,
-                                    C.ORDERING, C.STORED_AT, C.LOCATION]).append_column(WRITE_COLUMN,
-                                                                                        writes.column(C.WRITE))
+                                    C.ORDERING, C.STORED_AT, C.LOCATION, C.PARTIAL]).append_column(
+            WRITE_COLUMN, writes.column(C.WRITE))
+        if cfg.ignore_null_updates:
+            rows = rows.append_column(PARTIAL_COLUMN, writes.column(C.PARTIAL))
         outcome = self._target.commit(
             rows,
             key_cols=self.config.key,
@@ -467,6 +474,24 @@ class UpsertSink:
         report.mode = outcome.mode
         report.table_version = outcome.version
         report.merge_partitions = outcome.merge_partitions
+
+    def _moved_keep_stored(self, writes: pa.Table) -> pa.Table:
+        """Global scope, partial updates: a moved key's new row (an insert in its new partition)
+        takes the stored row's values where its own are null, read from the rows it replaces."""
+        cfg = self.config
+        moved_in = pc.fill_null(pc.and_(pc.equal(writes.column(C.WRITE), INSERT),
+                                        pc.and_(pc.is_valid(writes.column(C.STORED_AT)),
+                                                writes.column(C.PARTIAL))), False)
+        if not pc.any(moved_in).as_py():
+            return writes
+        keys_only = {*cfg.key, *cfg.partition_by, cfg.ordering}
+        values = [c for c in self._target.arrow_schema().names if c not in keys_only and c in writes.column_names]
+        moving = writes.filter(moved_in)
+        stored = self._target.rows_in(pc.unique(moving.column(C.STORED_AT)).to_pylist(),
+                                      [*cfg.key, *cfg.partition_by, *values])
+        filled = fill_from_stored(moving, moving.column(C.STORED_AT), stored,
+                                  keys.partition_ids(stored, cfg.partition_by), cfg.key, values)
+        return pa.concat_tables([writes.filter(pc.invert(moved_in)), filled])
 
     def _write_changelog(self, records: pa.Table, pids: pa.Array, ctx: TaskContext, version: int) -> None:
         """The index entry after this batch of every key it changed, by shard (what each

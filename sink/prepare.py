@@ -112,6 +112,7 @@ def tagged_schema(stream_schema: StructType) -> StructType:
         StructField(C.LOCATION, StringType(), True),
         StructField(C.HIT, BooleanType(), True),
         StructField(C.STATS, StringType(), True),
+        StructField(C.PARTIAL, BooleanType(), True),
     ]
     return StructType(fields)
 

@@ -54,3 +54,65 @@ def test_excepting_a_column_the_table_stores_is_refused(spark, tmp_path):
     sink = UpsertSink(users_config(tmp_path, except_columns=["operation"]))
     with pytest.raises(SchemaError, match=r"except_columns \['operation'\] are columns .* stores"):
         sink(spark.createDataFrame(CHANGES[4:], USERS), 1)
+
+
+# Paimon's partial-update merge engine example: <1, 23.0, 10, NULL>, <1, NULL, NULL, 'This is a
+# book'>, <1, 25.2, NULL, NULL> end as <1, 25.2, 10, 'This is a book'>; here sequenced by seq.
+PARTIAL = "k INT, price DOUBLE, stock INT, title STRING, seq INT"
+PARTIAL_RECORDS = [(1, 23.0, 10, None, 1), (1, None, None, "This is a book", 2), (1, 25.2, None, None, 3)]
+
+
+def partial_config(tmp_path, **extra):
+    options = {"ignore_null_updates": True, **extra}
+    return SinkConfig(table_uri=str(tmp_path / "books"), key=["k"], ordering="seq", writer_id="books",
+                      index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, **options)
+
+
+def rows_of(uri):
+    return sorted(tuple(r.values()) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_ignore_null_updates_gives_paimons_partial_update_result_across_batches(spark, tmp_path, tag_on):
+    cfg = partial_config(tmp_path, tag_on=tag_on)
+    sink = UpsertSink(cfg)
+    for batch_id, record in enumerate(PARTIAL_RECORDS):
+        sink(spark.createDataFrame([record], PARTIAL), batch_id)
+    assert rows_of(cfg.table_uri) == [(1, 25.2, 10, "This is a book", 3)]
+    assert [r.mode for r in sink.reports] == ["append", "merge", "merge"]
+
+
+def test_ignore_null_updates_folds_one_keys_records_in_one_batch(spark, tmp_path):
+    cfg = partial_config(tmp_path)
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame([(1, 1.0, 1, "stored", 0), (2, 2.0, 2, "two", 0)], PARTIAL), 0)
+    # Key 1: the example's records on top of a stored row; key 2: deleted, then upserted with
+    # nulls in the same batch, which keep nothing of the deleted row.
+    schema = PARTIAL + ", op STRING"
+    batch = [(*r, "u") for r in PARTIAL_RECORDS] + [(2, None, None, None, 1, "d"), (2, 5.0, None, None, 2, "u")]
+    sink = UpsertSink(partial_config(tmp_path, delete_when="op = 'd'", except_columns=["op"]))
+    sink(spark.createDataFrame(batch, schema), 1)
+    assert rows_of(cfg.table_uri) == [(1, 25.2, 10, "This is a book", 3), (2, 5.0, None, None, 2)]
+    assert sink.reports[-1].ops["update"] == 2 and sink.reports[-1].ops["superseded"] == 3
+
+
+def test_ignore_null_updates_off_stores_the_nulls(spark, tmp_path):
+    cfg = partial_config(tmp_path, ignore_null_updates=False)
+    sink = UpsertSink(cfg)
+    for batch_id, record in enumerate(PARTIAL_RECORDS):
+        sink(spark.createDataFrame([record], PARTIAL), batch_id)
+    assert rows_of(cfg.table_uri) == [(1, 25.2, None, None, 3)]
+
+
+def test_ignore_null_updates_keeps_stored_values_when_a_global_key_moves(spark, tmp_path):
+    cfg = partial_config(tmp_path, scope="global", partition_by=["dt"])
+    schema = "k INT, dt STRING, price DOUBLE, title STRING, seq INT"
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame([(1, "2026-11-01", 9.5, "kept", 1), (2, "2026-11-01", 1.0, "two", 1)], schema), 0)
+    sink(spark.createDataFrame([(1, "2026-11-02", None, None, 2), (2, "2026-11-02", 3.0, None, 2)], schema), 1)
+    assert rows_of(cfg.table_uri) == [(1, "2026-11-02", 9.5, "kept", 2), (2, "2026-11-02", 3.0, "two", 2)]
+
+
+def test_ignore_null_updates_must_be_a_boolean(tmp_path):
+    with pytest.raises(ConfigError, match="ignore_null_updates must be true or false, got 'yes'"):
+        partial_config(tmp_path, ignore_null_updates="yes")

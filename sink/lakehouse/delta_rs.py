@@ -14,11 +14,14 @@ from deltalake.exceptions import CommitFailedError
 from sink.errors import ConfigError
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import CommitSummary, filesystem, read_commit
-from sink.lakehouse.predicates import merge_predicate, quote_ident
+from sink import keys
+from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, merge_predicate, partition_predicate, quote_ident
 
 __all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
 
 WRITE_COLUMN = "__sink_write"
+# ignore_null_updates: on an update, whether its null columns keep the stored values.
+PARTIAL_COLUMN = "__sink_partial"
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,8 @@ class DeltaTarget:
     ) -> CommitOutcome:
         """Commit one batch's writes in one transaction carrying (app_id, batch_id).
 
-        `rows` has the table's columns plus WRITE_COLUMN (insert/update/delete/tombstone).
+        `rows` has the table's columns plus WRITE_COLUMN (insert/update/delete/tombstone), and
+        PARTIAL_COLUMN when updates are partial (ignore_null_updates).
         Only inserts (tombstones change nothing in the table) -> append, even an empty
         one, so the app transaction is recorded; otherwise one pruned MERGE. `added_columns`
         (nullable) join the table's schema in the append's commit, or just before the MERGE.
@@ -142,6 +146,16 @@ class DeltaTarget:
             self.refresh()
         return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(partitions))
 
+    def rows_in(self, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        """`columns` of the rows in these partitions (ids as `keys.partition_id` names them)."""
+        if not pids:
+            return pa.schema([f for f in self.arrow_schema() if f.name in columns]).empty_table()
+        types = {f.name: f.type for f in self.arrow_schema()}
+        # Bounded like the MERGE's predicate: past the limit, the scan reads every partition.
+        where = None if len(pids) > MAX_PARTITION_LITERALS else " OR ".join(
+            f"({partition_predicate(keys.partition_values(p), types)})" for p in pids)
+        return pa.table(self.table.scan(columns=list(columns), predicate=where))
+
     def commits_since(self, version: int) -> list[CommitSummary]:
         """The commits after `version` up to the loaded one (a gone log entry reads as a
         commit that may have changed anything)."""
@@ -157,6 +171,9 @@ class DeltaTarget:
     def _merge(self, rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties) -> None:
         types = {f.name: f.type for f in schema}
         source = _conform(rows, schema).append_column(WRITE_COLUMN, rows.column(WRITE_COLUMN))
+        partial = PARTIAL_COLUMN in rows.column_names
+        if partial:
+            source = source.append_column(PARTIAL_COLUMN, pc.fill_null(rows.column(PARTIAL_COLUMN), False))
         predicate = merge_predicate(key_cols, self.partition_by, partitions, types)
         columns = {quote_ident(f.name): f"s.{quote_ident(f.name)}" for f in schema}
         w = f"s.{quote_ident(WRITE_COLUMN)}"
@@ -164,10 +181,14 @@ class DeltaTarget:
         # Guard on ordering too: the index already decided, this keeps a stale
         # replica from ever overwriting a newer row.
         newer = f"t.{o} <= s.{o}" if incoming_wins_ties else f"t.{o} < s.{o}"
+        merge = (self.table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=props)
+                 .when_matched_delete(predicate=f"{w} = 'delete' AND {newer}"))
+        if partial:  # the first matching clause applies: partial updates keep stored values
+            merge = merge.when_matched_update(
+                updates={c: f"coalesce({v}, t.{c})" for c, v in columns.items()},
+                predicate=f"{w} <> 'delete' AND s.{quote_ident(PARTIAL_COLUMN)} AND {newer}")
         (
-            self.table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=props)
-            .when_matched_delete(predicate=f"{w} = 'delete' AND {newer}")
-            .when_matched_update(updates=columns, predicate=f"{w} <> 'delete' AND {newer}")
+            merge.when_matched_update(updates=columns, predicate=f"{w} <> 'delete' AND {newer}")
             .when_not_matched_insert(updates=columns, predicate=f"{w} <> 'delete'")
             .execute()
         )
