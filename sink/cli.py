@@ -1,4 +1,4 @@
-"""`python -m sink inspect | bootstrap | verify --config conf/sink.toml`."""
+"""`python -m sink inspect | bootstrap | verify | contract | compact-tombstones --config conf/sink.toml`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from sink.index.loader import read_global, read_partition
 from sink.index.replica import GLOBAL, ShardReplica, replica_path, replica_spec
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import read_commit, recorded_num_shards
+from sink.tombstones import compact
 
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 
@@ -267,6 +268,25 @@ def _unmet(table: DeltaTable, wanted: Contract) -> list[str]:
     return []
 
 
+# --- compact-tombstones -----------------------------------------------------------------------
+
+
+def _compact_tombstones(cfg: SinkConfig, as_json: bool) -> int:
+    done = compact(cfg, time.time())
+    if as_json:
+        print(json.dumps(None if done is None else done.__dict__, indent=2))
+    elif done is None:
+        print(f"no tombstone table at {cfg.resolved_tombstone_uri}: nothing to compact")
+    else:
+        ttl = "no tombstone_ttl_hours set" if cfg.tombstone_ttl_hours is None else \
+            f"tombstone_ttl_hours = {cfg.tombstone_ttl_hours}"
+        print(f"{cfg.resolved_tombstone_uri}: {done.rows_before} rows -> {done.rows_after} "
+              f"({done.superseded} superseded by a newer delete of their key, {done.expired} expired under {ttl}; "
+              f"{done.pending} of batches not committed yet kept)"
+              + ("" if done.version is not None else "; nothing to rewrite"))
+    return 0
+
+
 # --- entry point ------------------------------------------------------------------------------
 
 
@@ -276,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in [("inspect", "what each shard replica holds"),
                        ("bootstrap", "pre-warm replicas with the hot window"),
                        ("verify", "compare replicas with the table; exit 1 on a mismatch, 2 on an unreadable replica"),
-                       ("contract", "compare the table's recorded contract with the config; exit 1 when they differ")]:
+                       ("contract", "compare the table's recorded contract with the config; exit 1 when they differ"),
+                       ("compact-tombstones", "shrink the tombstone table to one row per key, dropping deletes "
+                                              "older than tombstone_ttl_hours")]:
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="TOML file with a [sink] table")
         p.add_argument("--index-dir", help="replicas' root (default: the config's, else Spark's local dir)")
@@ -304,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         code, lines = contract(ctx, args.rewrite)
         print("\n".join(lines))
         return code
+    if args.command == "compact-tombstones":
+        return _compact_tombstones(ctx.cfg, args.json)
     if args.command == "bootstrap":
         shards = args.num_shards or ctx.cfg.num_shards or recorded_num_shards(
             ctx.cfg.table_uri, ctx.table.version(), ctx.cfg.resolved_writer_id, ctx.cfg.partition_by)

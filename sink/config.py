@@ -68,6 +68,9 @@ class SinkConfig:
     quarantine_table_uri: str | None = None
     # Deleted keys and their ordering, so a late older update stays deleted after a reload.
     tombstone_table_uri: str | None = None
+    # Deletes older than this stop shielding their key from late older updates, and
+    # `python -m sink compact-tombstones` drops their rows; None: kept forever.
+    tombstone_ttl_hours: int | None = None
     # Index entries of each batch by shard, so a replica that did not tag a batch (the shard's
     # task ran on another executor) catches up without reloading; kept for this many table versions.
     changelog_uri: str | None = None
@@ -139,6 +142,8 @@ class SinkConfig:
             _require_int("num_shards", self.num_shards, 1, 4096)
         _require_int("bootstrap_days", self.bootstrap_days, 0, 100_000)
         _require_int("partition_ttl_hours", self.partition_ttl_hours, 1, 1_000_000)
+        if self.tombstone_ttl_hours is not None:
+            _require_int("tombstone_ttl_hours", self.tombstone_ttl_hours, 1, 1_000_000)
         self._validate_tiering()
         _require_int("hot_cache_entries", self.hot_cache_entries, 0, 100_000_000)
         _require_int("cross_partition_check", self.cross_partition_check, 0, 10_000_000)

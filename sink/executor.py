@@ -57,7 +57,7 @@ class TaskContext:
     incoming_wins_ties: bool
     # The task's output: the stream's own columns, then the columns of `tagged_schema`.
     output_schema: pa.Schema
-    now: float  # the driver's clock at batch start (TTLs, access times)
+    now: float  # the driver's clock at batch start (TTLs, access times, deletes' stamps)
     index_dir: str | None = None  # configured; else under this executor's Spark local dir
     driver_local_dir: str | None = None  # spark.local.dir as the driver sees it
     bootstrap_days: int = 7
@@ -75,6 +75,12 @@ class TaskContext:
     scope: str = "partitioned"
     cross_partition_check: int = 0  # new keys per shard checked against the other held partitions
     ignore_null_updates: bool = False  # an update's null columns keep the stored value (sink.partial)
+    tombstone_ttl_hours: int | None = None  # stored deletes older than this count as absent
+
+    @property
+    def expire_before(self) -> int | None:
+        """Deletes stamped before this (seconds since the epoch) have expired; None: never."""
+        return None if self.tombstone_ttl_hours is None else int(self.now) - self.tombstone_ttl_hours * 3600
 
     @property
     def spec(self) -> str:
@@ -241,10 +247,12 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         inputs = (rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
                   rows.column(C.DELETE).combine_chunks(),
                   arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order))
+        expiry = {"now": int(ctx.now), "expire_before": ctx.expire_before}
         if located:
-            result = tag_global(*inputs, lambda ks: replica.lookup_packed(GLOBAL, ks), ctx.incoming_wins_ties)
+            result = tag_global(*inputs, lambda ks: replica.lookup_packed(GLOBAL, ks), ctx.incoming_wins_ties,
+                                **expiry)
         else:
-            result = tag(*inputs, replica.lookup_packed, ctx.incoming_wins_ties)
+            result = tag(*inputs, replica.lookup_packed, ctx.incoming_wins_ties, **expiry)
             _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         for tier, n in replica.lookups.items():

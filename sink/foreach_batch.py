@@ -31,7 +31,7 @@ from sink.errors import (
 )
 from sink.executor import LOAD_REASONS, QUARANTINED, TaskContext, tag_batches, tag_locally
 from sink.index import changelog
-from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER, has_change_data_feed
+from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
@@ -40,6 +40,7 @@ from sink.lakehouse.schema import added_columns
 from sink.partial import fill_from_stored
 from sink.prepare import prepare, tagged_schema, validate_stream
 from sink.tagging import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
+from sink.tombstones import latest_per_key
 
 log = logging.getLogger("sink")
 
@@ -271,6 +272,7 @@ class UpsertSink:
         out_schema = tagged_schema(batch_df.schema)
         arrow_out = to_arrow_schema(out_schema, timezone="UTC")
         ctx = None
+        now = self._clock()  # one time per batch, whatever the attempt: it stamps the batch's deletes
         with report.timed("prepare"):
             files = file_order(batch_files(batch_df))
         others: dict[str, None] = {}  # who committed in between, in order of appearance
@@ -278,7 +280,7 @@ class UpsertSink:
             if ctx is None:
                 with report.timed("prepare"):
                     self._target.refresh()
-                    ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files)
+                    ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files, now)
                     if self._on_driver:
                         self._kept_open_dir = Path(ctx.index_root()) / ctx.table_id
                 tagged = self._tag(prepared, ctx, out_schema, report)
@@ -295,7 +297,7 @@ class UpsertSink:
                         with report.timed("tombstones"):
                             self._append_tombstones(records.filter(pc.and_(
                                 records.column(C.DELETE), pc.not_equal(records.column(C.OP), QUARANTINED))),
-                                batch_id)
+                                batch_id, now)
             snapshot = self._target.version()
             try:
                 with report.timed("commit"):
@@ -326,7 +328,7 @@ class UpsertSink:
         report.records_in = sum(report.ops.values())
 
     def _task_context(self, batch_df: DataFrame, batch_id: int, num_shards: int, arrow_out: pa.Schema,
-                      files: tuple[int, ...]) -> TaskContext:
+                      files: tuple[int, ...], now: float) -> TaskContext:
         cfg = self.config
         return TaskContext(
             table_uri=cfg.table_uri,
@@ -341,7 +343,7 @@ class UpsertSink:
             num_shards=num_shards,
             incoming_wins_ties=cfg.incoming_wins_ties,
             output_schema=arrow_out,
-            now=self._clock(),
+            now=now,
             index_dir=cfg.index_dir,
             driver_local_dir=batch_df.sparkSession.conf.get("spark.local.dir", None),
             bootstrap_days=cfg.bootstrap_days,
@@ -360,6 +362,7 @@ class UpsertSink:
             scope=cfg.scope,
             cross_partition_check=cfg.cross_partition_check,
             ignore_null_updates=cfg.ignore_null_updates,
+            tombstone_ttl_hours=cfg.tombstone_ttl_hours,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -506,6 +509,7 @@ class UpsertSink:
             "ordering": writes.column(C.ORDERING),
             "deleted": pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE)),
         })
+        entries = entries.append_column("deleted_at", pc.if_else(entries.column("deleted"), int(ctx.now), 0))
         try:
             changelog.write(self._changelog_uri, version, ctx.changelog_header(), entries)
             retention = self.config.changelog_retention_versions
@@ -524,9 +528,10 @@ class UpsertSink:
         if not cfg.delete_when:
             return
         deletes = prepare(batch_df, cfg, self._num_shards(batch_df)).filter(F.col(C.REASON).isNull() & F.col(C.DELETE))
-        self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow(), batch_id)
+        self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow(), batch_id,
+                                self._clock())
 
-    def _append_tombstones(self, deletes: pa.Table, batch_id: int) -> None:
+    def _append_tombstones(self, deletes: pa.Table, batch_id: int, now: float) -> None:
         """The batch's valid deletes, so a reloaded partition remembers them: per key (per
         partition and key in partitioned scope) the one with the highest ordering value,
         which is all a load needs.
@@ -534,7 +539,8 @@ class UpsertSink:
         A pure function of the batch's input, written before the main commit (and again on
         a replay that finds the main commit done), idempotent by app transaction. Rows name
         the writer and batch: a partition load counts them once the table holds the batch,
-        so another writer reloading a partition never misses a delete that landed.
+        so another writer reloading a partition never misses a delete that landed, and say
+        when the batch ran (`now`, the stamp its index entries carry: tombstone_ttl_hours).
         """
         cfg = self.config
         per_key = cfg.key if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
@@ -542,22 +548,10 @@ class UpsertSink:
         n = deletes.num_rows
         rows = deletes.append_column(
             TOMBSTONE_WRITER, pa.array([self.writer_id] * n, pa.string())).append_column(
-            TOMBSTONE_BATCH, pa.array([batch_id] * n, pa.int64()))
+            TOMBSTONE_BATCH, pa.array([batch_id] * n, pa.int64())).append_column(
+            TOMBSTONE_DELETED_AT, pa.array([int(now) * 1_000_000] * n, pa.timestamp("us", tz="UTC")))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
                     schema_mode="merge")
-
-
-def latest_per_key(rows: pa.Table, key_cols: list[str], ordering: str) -> pa.Table:
-    """One row per distinct `key_cols`: the one with the highest `ordering` (the first
-    such row on a tie), in input order."""
-    if rows.num_rows < 2:
-        return rows
-    position = "__position"
-    ranked = rows.select([*key_cols, ordering]).append_column(position, pa.array(range(rows.num_rows), pa.int64()))
-    ranked = ranked.sort_by([(ordering, "descending"), (position, "ascending")])
-    kept = ranked.group_by(key_cols, use_threads=False).aggregate([(position, "first")])
-    first = kept.column(f"{position}_first")
-    return rows.take(pc.take(first, pc.sort_indices(first)))
 
 
 def _touches(commits, batch_partitions: pa.Array, scope: str) -> bool:

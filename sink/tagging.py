@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sink.index.entry import CHANGES_SCHEMA, Entry, unpack_located_many, unpack_many
+from sink.index.entry import CHANGES_SCHEMA, Entry, expired, unpack_located_many, unpack_many
 
 INSERT, UPDATE, DELETE, STALE, TOMBSTONE = "insert", "update", "delete", "stale", "tombstone"
 OPS = (INSERT, UPDATE, DELETE, STALE)
@@ -50,7 +50,7 @@ class TagResult:
     def changes_dict(self) -> dict[str, dict[bytes, Entry]]:
         out: dict[str, dict[bytes, Entry]] = {}
         for row in self.changes.to_pylist():
-            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"])
+            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"], row["deleted_at"])
         return out
 
 
@@ -62,8 +62,12 @@ def tag(
     seqs: pa.Array,
     lookup: LookupPacked,
     incoming_wins_ties: bool = True,
+    now: int = 0,
+    expire_before: int | None = None,
 ) -> TagResult:
-    """Tag every record. Arrays are aligned; keys are encoded keys (string or binary)."""
+    """Tag every record. Arrays are aligned; keys are encoded keys (string or binary).
+    Deletes this batch applies are stamped `now`; stored deletes older than `expire_before`
+    count as absent (`tombstone_ttl_hours`)."""
     n = len(keys)
     if n == 0:
         return TagResult(pa.array([], pa.string()), pa.array([], pa.string()), pa.array([], pa.bool_()),
@@ -83,7 +87,8 @@ def tag(
     starts = np.flatnonzero(first)
     sizes = np.diff(np.append(starts, n))
     group_pids, group_keys = p_sorted.take(starts), k_sorted.take(starts)
-    found, e_ord, e_del = _lookup_groups(group_pids, group_keys, lookup)
+    present, e_ord, e_del, e_at = _lookup_groups(group_pids, group_keys, lookup)
+    found = present & ~expired(present, e_del, e_at, expire_before)  # hits count what the index answered
 
     op = np.full(n, _S, np.int8)
     write = np.full(n, _NO_WRITE, np.int8)
@@ -115,12 +120,17 @@ def tag(
     w = write[unsorted]
     write_out = _WRITE_NAMES.take(pa.array(np.where(w < 0, 0, w), mask=w < 0))
     hit_sorted = np.zeros(n, bool)
-    hit_sorted[starts] = found
+    hit_sorted[starts] = present
     hit_out = pa.array(hit_sorted[unsorted], mask=~first[unsorted])
     idx = pa.array(np.flatnonzero(changed))
     changes = pa.table([group_pids.take(idx), group_keys.take(idx), pa.array(new_ord[changed]),
-                        pa.array(new_del[changed])], schema=CHANGES_SCHEMA)
+                        pa.array(new_del[changed]), _stamps(new_del[changed], now)], schema=CHANGES_SCHEMA)
     return TagResult(op_out, write_out, hit_out, changes)
+
+
+def _stamps(deleted: np.ndarray, now: int) -> pa.Array:
+    """deleted_at of changed entries: the batch's time where the batch deleted the key."""
+    return pa.array(np.where(deleted, np.int64(now), np.int64(0)))
 
 
 def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked):
@@ -173,13 +183,16 @@ def tag_global(
     seqs: pa.Array,
     lookup: LookupLocated,
     incoming_wins_ties: bool = True,
+    now: int = 0,
+    expire_before: int | None = None,
 ) -> TagResult:
     """Tag every record with keys unique across the table (scope "global").
 
     `partitions` is each record's partition id, null where a delete names no partition: the
     index says where the key lives. A newer upsert in another partition than the stored row
     moves the key (the write is an update whose `stored_at` differs from its partition: the
-    commit deletes the old row and inserts the new one). A stale record never moves a key."""
+    commit deletes the old row and inserts the new one). A stale record never moves a key.
+    `now` and `expire_before` as in `tag`."""
     n = len(keys)
     if n == 0:
         empty = pa.array([], pa.string())
@@ -197,7 +210,8 @@ def tag_global(
     starts = np.flatnonzero(first)
     sizes = np.diff(np.append(starts, n))
     group_keys = k_sorted.take(starts)
-    found, e_ord, e_del, e_loc = unpack_located_many(lookup(group_keys.to_pylist()))
+    present, e_ord, e_del, e_at, e_loc = unpack_located_many(lookup(group_keys.to_pylist()))
+    found = present & ~expired(present, e_del, e_at, expire_before)  # hits count what the index answered
     e_loc = np.array(e_loc, object)
 
     op = np.full(n, _S, np.int8)
@@ -236,10 +250,11 @@ def tag_global(
     unsorted[order] = np.arange(n)
     w = write[unsorted]
     hit_sorted = np.zeros(n, bool)
-    hit_sorted[starts] = found
+    hit_sorted[starts] = present
     idx = pa.array(np.flatnonzero(changed))
     changes = pa.table([pa.array(new_loc[changed].tolist(), pa.string()), group_keys.take(idx),
-                        pa.array(new_ord[changed]), pa.array(new_del[changed])], schema=CHANGES_SCHEMA)
+                        pa.array(new_ord[changed]), pa.array(new_del[changed]), _stamps(new_del[changed], now)],
+                       schema=CHANGES_SCHEMA)
     return TagResult(
         _OP_NAMES.take(pa.array(op[unsorted])),
         _WRITE_NAMES.take(pa.array(np.where(w < 0, 0, w), mask=w < 0)),

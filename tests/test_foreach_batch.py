@@ -1,12 +1,10 @@
 import shutil
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import REGISTRY
 
 from sink import SchemaError, SinkConfig, UpsertSink, WriterIdReusedError
-from sink.foreach_batch import latest_per_key
 from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -165,13 +163,6 @@ def test_the_batch_log_line_says_where_the_time_went(spark, tmp_path, tag_on, ta
     untimed = report.total_seconds - (sum(report.phases.values()) - report.phases["metrics"])
     assert 0 <= untimed < 0.1 * report.total_seconds
     assert f"commit:{report.phases['commit']:.3f}" in report.summary()
-
-
-def test_latest_per_key_keeps_the_highest_ordering_first_on_ties_in_input_order():
-    rows = pa.table({"id": ["a", "b", "a", "a", "b"], "dt": ["x", "x", "x", "y", "x"], "ts": [1, 5, 3, 2, 5],
-                     "n": [0, 1, 2, 3, 4]})
-    assert latest_per_key(rows, ["id", "dt"], "ts").column("n").to_pylist() == [1, 2, 3]
-    assert latest_per_key(rows, ["id"], "ts").column("n").to_pylist() == [1, 2]
 
 
 def test_tombstones_keep_one_row_per_key_and_batch(spark, tmp_path):

@@ -10,7 +10,7 @@ from sink.tagging import tag
 P = "dt=2025-01-01"
 
 
-def run(records, index=None, incoming_wins=True):
+def run(records, index=None, incoming_wins=True, **expiry):
     """records: (key, ordering, is_delete) in arrival order; index: key -> Entry."""
     index = index or {}
     looked_up = []
@@ -28,6 +28,7 @@ def run(records, index=None, incoming_wins=True):
         pa.array(range(n), pa.int64()),
         lookup,
         incoming_wins,
+        **expiry,
     )
     return Tagged(result.op.to_pylist(), result.write.to_pylist(), result.hit.to_pylist(),
                   result.changes_dict()), looked_up
@@ -146,3 +147,15 @@ def test_matches_a_record_by_record_reference(seed):
     assert result.op == op
     assert result.write == write
     assert result.changes == ({P: changes} if changes else {})
+
+
+def test_a_delete_older_than_the_ttl_no_longer_shields_its_key_and_new_deletes_are_stamped():
+    index = {"old": Entry(9, True, deleted_at=1000), "recent": Entry(9, True, deleted_at=5000)}
+    late = [("old", 3, False), ("recent", 3, False), ("gone", 4, True)]
+    result, _ = run(late, index, now=6000, expire_before=2000)
+    assert result.op == ["insert", "stale", "delete"]
+    assert result.write == ["insert", None, "tombstone"]
+    assert result.hit == [True, True, False]  # the index answered for "old"; its answer had expired
+    assert result.changes == {P: {b"old": Entry(3), b"gone": Entry(4, True, deleted_at=6000)}}
+    # Without a TTL the oldest delete still wins.
+    assert run(late, index, now=6000)[0].op == ["stale", "stale", "delete"]

@@ -75,8 +75,8 @@ def read(uri: str, version: int, header: Header, shard: int) -> pa.Table | None:
     with source:
         parquet = pq.ParquetFile(source)
         written = (parquet.schema_arrow.metadata or {}).get(_HEADER)
-        if written is None or json.loads(written) != asdict(header):
-            return None
+        if written is None or json.loads(written) != asdict(header) or parquet.schema_arrow.names != SCHEMA.names:
+            return None  # another writer's, or an older layout
         groups = [i for i in range(parquet.num_row_groups) if _may_hold(parquet.metadata.row_group(i), shard)]
         rows = parquet.read_row_groups(groups, columns=SCHEMA.names) if groups else SCHEMA.empty_table()
     return rows.filter(pc.equal(rows.column("shard"), shard)).select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA)

@@ -19,6 +19,9 @@ CDF_PROPERTY = "delta.enableChangeDataFeed"
 # that batch (tombstones are written before the batch's commit, so none is ever missing).
 TOMBSTONE_WRITER = "_tombstone_writer_id"
 TOMBSTONE_BATCH = "_tombstone_batch_id"
+# When the batch deleted the key (its start, UTC); rows from before the column count as
+# deleted at the epoch, i.e. expired under any tombstone_ttl_hours.
+TOMBSTONE_DELETED_AT = "_tombstone_deleted_at"
 # Change types that leave a row in the table, and the one that removes it.
 _UPSERTS = ("insert", "update_postimage")
 _DELETE = "delete"
@@ -42,16 +45,19 @@ def read_partition(
     live = _key_orderings(pa.table(table.scan(columns=columns, predicate=predicate)), key_cols, ordering,
                           shard, num_shards)
     deleted = pa.array(np.zeros(live.num_rows, bool))
+    deleted_at = pa.array(np.zeros(live.num_rows, np.int64))
     if tombstones is not None:
         tomb = _key_orderings(committed_tombstones(table, tombstones, predicate, columns), key_cols, ordering,
-                              shard, num_shards)
+                              shard, num_shards, stamped=True)
         if tomb.num_rows:
-            joined = live.join(tomb.rename_columns(["k", "t"]), "k", join_type="full outer")
+            joined = live.join(tomb.rename_columns(["k", "t", "at"]), "k", join_type="full outer")
             row, dead = joined.column("o"), joined.column("t")
             # Equal ordering: the row stands (a delete that won a tie would have removed it).
             deleted = pc.or_kleene(pc.is_null(row), pc.fill_null(pc.greater(dead, row), False))
             live = pa.table({"k": joined.column("k"), "o": pc.if_else(deleted, dead, row)})
-    raws = pack_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False))
+            deleted_at = pc.fill_null(joined.column("at"), 0)
+    raws = pack_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False),
+                     deleted_at.to_numpy())
     return live.column("k").to_pylist(), raws
 
 
@@ -82,39 +88,57 @@ def read_global(
     live, spread = _located(pa.table(table.scan(columns=columns)), key_cols, partition_cols, ordering, shard,
                             num_shards)
     deleted = pa.array(np.zeros(live.num_rows, bool))
+    deleted_at = pa.array(np.zeros(live.num_rows, np.int64))
     if tombstones is not None:
         tomb, _ = _located(committed_tombstones(table, tombstones, None, columns), key_cols, partition_cols,
-                           ordering, shard, num_shards)
+                           ordering, shard, num_shards, stamped=True)
         if tomb.num_rows:
-            joined = live.join(tomb.rename_columns(["k", "t", "tl"]), "k", join_type="full outer")
+            joined = live.join(tomb.rename_columns(["k", "t", "tl", "at"]), "k", join_type="full outer")
             row, dead = joined.column("o"), joined.column("t")
             deleted = pc.or_kleene(pc.is_null(row), pc.fill_null(pc.greater(dead, row), False))
             live = pa.table({"k": joined.column("k"), "o": pc.if_else(deleted, dead, row),
                              "l": pc.if_else(pc.is_null(row), joined.column("tl"), joined.column("l"))})
+            deleted_at = pc.fill_null(joined.column("at"), 0)
     raws = pack_located_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False),
-                             pc.fill_null(live.column("l"), "").to_pylist())
+                             pc.fill_null(live.column("l"), "").to_pylist(), deleted_at.to_numpy())
     return GlobalRead(live.column("k").to_pylist(), raws, spread)
 
 
-def _located(data: pa.Table, key_cols, partition_cols, ordering, shard, num_shards) -> tuple[pa.Table, int]:
-    """(k, o, l: partition id) of this shard's rows, one per key (its highest ordering), and
-    the number of keys found in several partitions."""
+def _located(data: pa.Table, key_cols, partition_cols, ordering, shard, num_shards,
+             stamped: bool = False) -> tuple[pa.Table, int]:
+    """(k, o, l: partition id[, at: deleted-at seconds]) of this shard's rows, one per key (its
+    highest ordering), and the number of keys found in several partitions."""
     rows = _shard_rows(data, key_cols, shard, num_shards, extra=partition_cols)
     if rows is None:
-        return pa.table({"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64()),
-                         "l": pa.array([], pa.string())}), 0
+        empty = {"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64()), "l": pa.array([], pa.string())}
+        return pa.table({**empty, "at": pa.array([], pa.int64())} if stamped else empty), 0
     out = pa.table({"k": rows.column(_KEY).cast(pa.binary()),
                     "o": keys.ordering_values(rows.column(ordering)).cast(pa.int64()),
-                    "l": keys.partition_ids(rows, partition_cols)})
-    distinct = pc.count_distinct(out.column("k")).as_py()
-    if distinct == out.num_rows:
+                    "l": keys.partition_ids(rows, partition_cols),
+                    **({"at": stamp_seconds(rows)} if stamped else {})})
+    if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
         return out, 0
+    per_key = pa.table({"k": out.column("k"), "l": out.column("l")}).group_by("k").aggregate([("l", "count_distinct")])
+    return _newest_per_key(out), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py() or 0)
+
+
+def _newest_per_key(out: pa.Table) -> pa.Table:
+    """One row per key "k": the one with the highest "o"."""
+    if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
+        return out
     newest = out.take(pc.sort_indices(out, [("k", "ascending"), ("o", "descending")]))
     key_col = newest.column("k").combine_chunks()
     first = np.ones(newest.num_rows, bool)
     first[1:] = ~pc.equal(key_col[1:], key_col[:-1]).to_numpy(zero_copy_only=False)
-    per_key = pa.table({"k": out.column("k"), "l": out.column("l")}).group_by("k").aggregate([("l", "count_distinct")])
-    return newest.filter(pa.array(first)), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py() or 0)
+    return newest.filter(pa.array(first))
+
+
+def stamp_seconds(rows: pa.Table) -> pa.Array:
+    """Tombstone rows' deleted-at in seconds since the epoch (0 where unknown)."""
+    if TOMBSTONE_DELETED_AT not in rows.column_names:
+        return pa.array(np.zeros(rows.num_rows, np.int64))
+    micros = pc.cast(pc.cast(rows.column(TOMBSTONE_DELETED_AT), pa.timestamp("us", tz="UTC")), pa.int64())
+    return pc.fill_null(pc.divide(micros, 1_000_000), 0)
 
 
 def committed_tombstones(table: DeltaTable, tombstones: DeltaTable, predicate: str | None,
@@ -122,30 +146,41 @@ def committed_tombstones(table: DeltaTable, tombstones: DeltaTable, predicate: s
     """The tombstone rows matching `predicate` whose batch `table` (at its loaded version)
     holds; rows from before tombstones named their batch count always."""
     names = set(pa.schema(tombstones.schema().to_arrow()).names)
+    if TOMBSTONE_DELETED_AT in names:
+        columns = [*columns, TOMBSTONE_DELETED_AT]
     if not {TOMBSTONE_WRITER, TOMBSTONE_BATCH} <= names:
         return pa.table(tombstones.scan(columns=columns, predicate=predicate))
     scanned = pa.table(tombstones.scan(columns=[*columns, TOMBSTONE_WRITER, TOMBSTONE_BATCH], predicate=predicate))
     rows = pa.table({c: _plain(scanned.column(c)) for c in scanned.column_names})
+    return rows.filter(committed(table, rows)).select(columns)
+
+
+def committed(table: DeltaTable, rows: pa.Table) -> pa.Array:
+    """Which tombstone rows belong to a batch `table` (at its loaded version) holds; rows
+    without a writer and batch count as committed."""
+    if not {TOMBSTONE_WRITER, TOMBSTONE_BATCH} <= set(rows.column_names):
+        return pa.array(np.ones(rows.num_rows, bool))
     writers = rows.column(TOMBSTONE_WRITER)
-    committed = pc.is_null(rows.column(TOMBSTONE_BATCH))
+    done = pc.is_null(rows.column(TOMBSTONE_BATCH))
     for writer in pc.unique(writers).drop_null().to_pylist():
         landed = table.transaction_version(writer)
         if landed is not None:
             mine = pc.fill_null(pc.equal(writers, writer), False)
-            committed = pc.or_(committed, pc.and_(mine, pc.less_equal(rows.column(TOMBSTONE_BATCH), landed)))
-    return rows.filter(committed).select(columns)
+            done = pc.or_(done, pc.and_(mine, pc.less_equal(rows.column(TOMBSTONE_BATCH), landed)))
+    return done
 
 
-def _key_orderings(data: pa.Table, key_cols, ordering, shard, num_shards) -> pa.Table:
-    """(k: encoded key bytes, o: ordering) of this shard's rows, one row per key (the highest)."""
+def _key_orderings(data: pa.Table, key_cols, ordering, shard, num_shards, stamped: bool = False) -> pa.Table:
+    """(k: encoded key bytes, o: ordering[, at: deleted-at seconds]) of this shard's rows, one
+    row per key (the highest)."""
     rows = _shard_rows(data, key_cols, shard, num_shards)
     if rows is None:
-        return pa.table({"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64())})
+        empty = {"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64())}
+        return pa.table({**empty, "at": pa.array([], pa.int64())} if stamped else empty)
     out = pa.table({"k": rows.column(_KEY).cast(pa.binary()),
-                    "o": keys.ordering_values(rows.column(ordering)).cast(pa.int64())})
-    if pc.count_distinct(out.column("k")).as_py() != out.num_rows:
-        out = out.group_by("k").aggregate([("o", "max")]).rename_columns(["k", "o"])
-    return out
+                    "o": keys.ordering_values(rows.column(ordering)).cast(pa.int64()),
+                    **({"at": stamp_seconds(rows)} if stamped else {})})
+    return _newest_per_key(out)
 
 
 def has_change_data_feed(table: DeltaTable) -> bool:

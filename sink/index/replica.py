@@ -49,7 +49,7 @@ from sink.index.hot_tier import HotTier, tier_for
 
 log = logging.getLogger("sink.index")
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: deleted entries carry their delete's time
 PARTITION_CF_PREFIX = "p:"
 _META_FORMAT = b"format"
 _META_SPEC = b"spec"
@@ -67,7 +67,8 @@ _SST_THRESHOLD = 20_000
 
 def changes_table(changes: Mapping[str, Mapping[bytes, Entry]]) -> pa.Table:
     """Staged changes as the Arrow table `stage` takes, from pid -> key -> entry."""
-    rows = [(pid, key, e.ordering, e.deleted) for pid, entries in changes.items() for key, e in entries.items()]
+    rows = [(pid, key, e.ordering, e.deleted, e.deleted_at) for pid, entries in changes.items()
+            for key, e in entries.items()]
     return pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(zip(*rows), CHANGES_SCHEMA)]
                                 if rows else [pa.array([], f.type) for f in CHANGES_SCHEMA], schema=CHANGES_SCHEMA)
 
@@ -549,7 +550,7 @@ class ShardReplica:
         table = self._staged_table()
         out: dict[str, dict[bytes, Entry]] = {}
         for row in ([] if table is None else table.to_pylist()):
-            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"])
+            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"], row["deleted_at"])
         return out
 
     def promote_staged(self) -> int:
@@ -567,7 +568,7 @@ class ShardReplica:
             if not changes.num_rows or not self.has_partition(GLOBAL):
                 return 0
             raws = pack_located_many(changes.column("ordering").to_numpy(), changes.column("deleted").to_numpy(False),
-                                     changes.column("pid").to_pylist())
+                                     changes.column("pid").to_pylist(), _deleted_at(changes))
             self.put_packed(GLOBAL, changes.column("key").to_pylist(), raws)
             return changes.num_rows
         if changes.num_rows:
@@ -577,7 +578,8 @@ class ShardReplica:
                 if not self.has_partition(pid):
                     continue
                 rows = changes.filter(pa.array(codes == code))
-                raws = pack_many(rows.column("ordering").to_numpy(), rows.column("deleted").to_numpy(False))
+                raws = pack_many(rows.column("ordering").to_numpy(), rows.column("deleted").to_numpy(False),
+                                 _deleted_at(rows))
                 self.put_packed(pid, rows.column("key").to_pylist(), raws)
                 applied += rows.num_rows
         return applied
@@ -608,20 +610,24 @@ class ShardReplica:
         if deletes:
             cf = self._db.get_column_family(PARTITION_CF_PREFIX + GLOBAL)  # not a lookup: not counted
             try:
-                _, _, _, where = unpack_located_many(cf.get(list(deletes)))
+                *_, where = unpack_located_many(cf.get(list(deletes)))
             finally:
                 del cf
             deletes = {k: v for (k, v), loc in zip(deletes.items(), where) if loc is None or loc == v[0]}
         chosen = {**upserts, **deletes}
         if chosen:
             raws = pack_located_many([e.ordering for _, e in chosen.values()], [e.deleted for _, e in chosen.values()],
-                                     [pid for pid, _ in chosen.values()])
+                                     [pid for pid, _ in chosen.values()], [e.deleted_at for _, e in chosen.values()])
             self.put_packed(GLOBAL, list(chosen), raws)
         return len(chosen)
 
     def discard_staged(self) -> None:
         for key in (_META_STAGED_DATA, _META_STAGED_BATCH, _META_STAGED_READ):
             self._delete_meta(key)
+
+
+def _deleted_at(changes: pa.Table):
+    return pc.fill_null(changes.column("deleted_at"), 0).to_numpy()
 
 
 _KEPT_OPEN: dict[str, ShardReplica] = {}

@@ -93,7 +93,7 @@ def own_commit(version, batch, read_version=None, num_shards=None, shards=(SHARD
 
 
 def deleted_k():
-    return pa.table({"pid": ["p1"], "key": [b"k"], "ordering": [DELETE_AT], "deleted": [True]},
+    return pa.table({"pid": ["p1"], "key": [b"k"], "ordering": [DELETE_AT], "deleted": [True], "deleted_at": [0]},
                     schema=CHANGES_SCHEMA)
 
 
