@@ -20,8 +20,8 @@ from sink.errors import SinkError
 from sink.executor import default_index_root
 from sink.index import changelog
 from sink.index.catchup import catch_up
-from sink.index.entry import SIZE as ENTRY_SIZE
-from sink.index.entry import unpack_many
+from sink.index.entry import Entry, unpack_many
+from sink.index.entry import size as entry_size
 from sink.index.lifecycle import ShardSource, bootstrap
 from sink.index.loader import read_global, read_partition
 from sink.index.replica import GLOBAL, ShardReplica, replica_path, replica_spec
@@ -153,7 +153,7 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
                       file=sys.stderr)
                 results.append({"shard": shard, "loaded": 0, "keys": 0, "seconds": 0.0})
                 continue
-            source = ShardSource.open(cfg.table_uri, cfg.resolved_tombstone_uri, version, cfg.key, cfg.ordering,
+            source = ShardSource.open(cfg.table_uri, cfg.resolved_tombstone_uri, version, cfg.key, cfg.ordering_columns,
                                       shard, num_shards, cfg.partition_by)
             loaded = bootstrap(replica, source, cfg.partition_by, (cfg.partition_date, cfg.partition_date_format),
                                cfg.tiering_column, cfg.bootstrap_days, now, progress=_bar(shard))
@@ -185,15 +185,16 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
         checked = 0
         if version is not None:
             table = DeltaTable(cfg.table_uri, version=version)
+            entry_bytes = entry_size(replica.width)
             for pid in sorted(replica.partitions()):
                 if pid == GLOBAL:
-                    read = read_global(table, None, cfg.key, cfg.partition_by, cfg.ordering, shard, of)
-                    keys, raws = read.keys, [raw[:ENTRY_SIZE] for raw in read.raws]
-                    problems += _misplaced(dict(zip(keys, (raw[ENTRY_SIZE:].decode() for raw in read.raws))),
+                    read = read_global(table, None, cfg.key, cfg.partition_by, cfg.ordering_columns, shard, of)
+                    keys, raws = read.keys, [raw[:entry_bytes] for raw in read.raws]
+                    problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in read.raws))),
                                            replica.locations())
                 else:
-                    keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering, shard, of)
-                live = dict(zip(keys, unpack_many(raws)[1].tolist()))
+                    keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering_columns, shard, of)
+                live = {k: Entry.of(v).ordering for k, v in zip(keys, unpack_many(raws, replica.width)[1].tolist())}
                 held = dict(replica.entries(pid))
                 checked += len(held)
                 problems += _compare(pid, live, held)
@@ -253,7 +254,7 @@ def contract(ctx: Context, rewrite: bool) -> tuple[int, list[str]]:
 def _unmet(table: DeltaTable, wanted: Contract) -> list[str]:
     """Why the table's rows do not satisfy `wanted` (no problem: empty)."""
     columns = set(pa.schema(table.schema().to_arrow()).names)
-    missing = [c for c in (*wanted.key, *wanted.partition_by, wanted.ordering) if c not in columns]
+    missing = [c for c in (*wanted.key, *wanted.partition_by, *wanted.ordering_columns) if c not in columns]
     if missing:
         return [f"column(s) {missing} are not in the table"]
     if list(table.metadata().partition_columns) != list(wanted.partition_by):

@@ -26,7 +26,8 @@ class SinkConfig:
 
     table_uri: str
     key: list[str]
-    ordering: str
+    # The ordering column, or several compared in order (the first, then the next on a tie).
+    ordering: str | list[str]
     partition_by: list[str] = field(default_factory=list)
     # Stream columns that route and classify records (e.g. an op code) but are not stored.
     except_columns: list[str] = field(default_factory=list)
@@ -117,7 +118,10 @@ class SinkConfig:
         _require_str("table_uri", self.table_uri)
         _require_columns("key", self.key, allow_empty=False)
         _require_columns("partition_by", self.partition_by, allow_empty=True)
-        _require_str("ordering", self.ordering)
+        if isinstance(self.ordering, list):
+            _require_columns("ordering", self.ordering, allow_empty=False)
+        else:
+            _require_str("ordering", self.ordering)
         _require_choice("scope", self.scope, SCOPES)
         _require_choice("engine", self.engine, ENGINES)
         _require_choice("ties", self.ties, TIES)
@@ -128,10 +132,11 @@ class SinkConfig:
         overlap = set(self.key) & set(self.partition_by)
         if overlap:
             raise ConfigError(f"key and partition_by share column(s) {sorted(overlap)}")
-        if self.ordering in self.key or self.ordering in self.partition_by:
-            raise ConfigError(f"ordering column {self.ordering!r} must not be a key or partition column")
+        for c in self.ordering_columns:
+            if c in self.key or c in self.partition_by:
+                raise ConfigError(f"ordering column {c!r} must not be a key or partition column")
         _require_columns("except_columns", self.except_columns, allow_empty=True)
-        needed = set(self.key) | set(self.partition_by) | {self.ordering}
+        needed = set(self.key) | set(self.partition_by) | set(self.ordering_columns)
         if needed & set(self.except_columns):
             raise ConfigError(f"except_columns {sorted(needed & set(self.except_columns))} are key, partition or "
                               "ordering columns, which the table must store")
@@ -185,6 +190,11 @@ class SinkConfig:
         _require_str("partition_date_format", self.partition_date_format)
         if self.tiering_column is not None:
             _require_str("tiering_column", self.tiering_column)
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        """The ordering columns, compared in this order."""
+        return list(self.ordering) if isinstance(self.ordering, list) else [self.ordering]
 
     @property
     def resolved_writer_id(self) -> str:

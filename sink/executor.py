@@ -33,6 +33,7 @@ from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import read_changes
 from sink.index.replica import GLOBAL, ShardReplica, is_corruption, replica_path, replica_spec, wipe_damaged
 from sink.lakehouse.log import read_commit
+from sink.ordering import helper_columns
 from sink.partial import fold_nulls
 from sink.tagging import INSERT, tag, tag_global
 
@@ -52,7 +53,7 @@ class TaskContext:
     batch_id: int
     key_cols: tuple[str, ...]
     partition_cols: tuple[str, ...]
-    ordering: str
+    ordering: tuple[str, ...]  # the ordering columns, compared in order
     num_shards: int
     incoming_wins_ties: bool
     # The task's output: the stream's own columns, then the columns of `tagged_schema`.
@@ -244,8 +245,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             _count_loads(stats, {"invalidated": len(invalidated), "on_demand": len(missing) - len(invalidated)},
                          loaded)
         replica.touch(needed, ctx.now)
-        inputs = (rows.column(C.KEY).combine_chunks(), pids, rows.column(C.ORDERING).combine_chunks(),
-                  rows.column(C.DELETE).combine_chunks(),
+        orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.ordering))]
+        inputs = (rows.column(C.KEY).combine_chunks(), pids, orderings, rows.column(C.DELETE).combine_chunks(),
                   arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order))
         expiry = {"now": int(ctx.now), "expire_before": ctx.expire_before}
         if located:
@@ -264,11 +265,11 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         stats["cached_bytes"] += sum(b for _, b in sizes.values())
     stats["shard_ids"].append(shard)
     stats["tag_seconds"] += time.perf_counter() - started
-    kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [C.REASON, C.DELETE, C.KEY, C.SHARD,
-                                                                             C.ORDERING]
+    kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [
+        C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.ordering))]
     partial = pa.nulls(rows.num_rows, pa.bool_())
     if ctx.ignore_null_updates:
-        keys_only = (*ctx.key_cols, *ctx.partition_cols, ctx.ordering)
+        keys_only = (*ctx.key_cols, *ctx.partition_cols, *ctx.ordering)
         values = [n for n in rows.column_names if not n.startswith(C.PREFIX) and n not in keys_only]
         groups = inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
         rows, partial = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write)

@@ -31,12 +31,14 @@ from sink.errors import (
 )
 from sink.executor import LOAD_REASONS, QUARANTINED, TaskContext, tag_batches, tag_locally
 from sink.index import changelog
+from sink.index.entry import ordering_names
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.schema import added_columns
+from sink.ordering import helper_columns
 from sink.partial import fill_from_stored
 from sink.prepare import prepare, tagged_schema, validate_stream
 from sink.tagging import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
@@ -176,7 +178,7 @@ class UpsertSink:
         a dropped column or a type whose values a cast would change."""
         cfg = self.config
         roles = {**dict.fromkeys(cfg.key, "key"), **dict.fromkeys(cfg.partition_by, "partition_by"),
-                 cfg.ordering: "ordering"}
+                 **dict.fromkeys(cfg.ordering_columns, "ordering")}
         table = self._target.arrow_schema()
         stored = [c for c in cfg.except_columns if c in table.names]
         if stored:
@@ -269,7 +271,7 @@ class UpsertSink:
         partitions, the tags still hold and the batch commits on top of it; otherwise the
         batch is tagged again against the new version. Bounded by max_commit_retries."""
         cfg = self.config
-        out_schema = tagged_schema(batch_df.schema)
+        out_schema = tagged_schema(batch_df.schema, len(cfg.ordering_columns))
         arrow_out = to_arrow_schema(out_schema, timezone="UTC")
         ctx = None
         now = self._clock()  # one time per batch, whatever the attempt: it stamps the batch's deletes
@@ -339,7 +341,7 @@ class UpsertSink:
             batch_id=batch_id,
             key_cols=tuple(cfg.key),
             partition_cols=tuple(cfg.partition_by),
-            ordering=cfg.ordering,
+            ordering=tuple(cfg.ordering_columns),
             num_shards=num_shards,
             incoming_wins_ties=cfg.incoming_wins_ties,
             output_schema=arrow_out,
@@ -458,15 +460,15 @@ class UpsertSink:
             report.mode = "none"
             report.table_version = self._target.version()
             return
-        rows = writes.drop_columns([C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE, C.KEY, C.SHARD,
-                                    C.ORDERING, C.STORED_AT, C.LOCATION, C.PARTIAL]).append_column(
-            WRITE_COLUMN, writes.column(C.WRITE))
+        helpers = [C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE, C.KEY, C.SHARD, C.STORED_AT, C.LOCATION,
+                   C.PARTIAL, *helper_columns(len(cfg.ordering_columns))]
+        rows = writes.drop_columns(helpers).append_column(WRITE_COLUMN, writes.column(C.WRITE))
         if cfg.ignore_null_updates:
             rows = rows.append_column(PARTIAL_COLUMN, writes.column(C.PARTIAL))
         outcome = self._target.commit(
             rows,
             key_cols=self.config.key,
-            ordering=self.config.ordering,
+            ordering=self.config.ordering_columns,
             app_id=self.writer_id,
             batch_id=ctx.batch_id,
             custom_metadata={SHARDS_PROPERTY: ",".join(map(str, shards)), NUM_SHARDS_PROPERTY: str(ctx.num_shards),
@@ -487,7 +489,7 @@ class UpsertSink:
                                                 writes.column(C.PARTIAL))), False)
         if not pc.any(moved_in).as_py():
             return writes
-        keys_only = {*cfg.key, *cfg.partition_by, cfg.ordering}
+        keys_only = {*cfg.key, *cfg.partition_by, *cfg.ordering_columns}
         values = [c for c in self._target.arrow_schema().names if c not in keys_only and c in writes.column_names]
         moving = writes.filter(moved_in)
         stored = self._target.rows_in(pc.unique(moving.column(C.STORED_AT)).to_pylist(),
@@ -502,11 +504,12 @@ class UpsertSink:
         written = pc.is_valid(records.column(C.WRITE))
         writes = records.filter(written)
         write = writes.column(C.WRITE)
+        width = len(self.config.ordering_columns)
         entries = pa.table({
             "shard": writes.column(C.SHARD).cast(pa.int32()),
             "pid": writes.column(C.LOCATION) if self.config.scope == "global" else pids.filter(written),
             "key": writes.column(C.KEY).cast(pa.binary()),
-            "ordering": writes.column(C.ORDERING),
+            **{name: writes.column(c) for name, c in zip(ordering_names(width), helper_columns(width))},
             "deleted": pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE)),
         })
         entries = entries.append_column("deleted_at", pc.if_else(entries.column("deleted"), int(ctx.now), 0))
@@ -528,7 +531,7 @@ class UpsertSink:
         if not cfg.delete_when:
             return
         deletes = prepare(batch_df, cfg, self._num_shards(batch_df)).filter(F.col(C.REASON).isNull() & F.col(C.DELETE))
-        self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, cfg.ordering).toArrow(), batch_id,
+        self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, *cfg.ordering_columns).toArrow(), batch_id,
                                 self._clock())
 
     def _append_tombstones(self, deletes: pa.Table, batch_id: int, now: float) -> None:
@@ -544,7 +547,8 @@ class UpsertSink:
         """
         cfg = self.config
         per_key = cfg.key if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
-        deletes = latest_per_key(deletes.select([*cfg.key, *cfg.partition_by, cfg.ordering]), per_key, cfg.ordering)
+        deletes = latest_per_key(deletes.select([*cfg.key, *cfg.partition_by, *cfg.ordering_columns]), per_key,
+                                 cfg.ordering_columns)
         n = deletes.num_rows
         rows = deletes.append_column(
             TOMBSTONE_WRITER, pa.array([self.writer_id] * n, pa.string())).append_column(

@@ -25,7 +25,7 @@ def fold_nulls(
     rows: pa.Table,
     value_cols: Sequence[str],
     groups: pa.Array,
-    orderings: pa.Array,
+    orderings: Sequence[pa.Array],
     arrivals: pa.Array,
     op: pa.Array,
     write: pa.Array,
@@ -34,15 +34,17 @@ def fold_nulls(
     records in the batch, and the partial flag of each record: on an upsert write, whether
     the MERGE keeps stored values in its null columns (no delete of the key in the batch);
     null elsewhere. `groups` names each record's key (with its partition where keys are
-    unique per partition); arrays are aligned with `rows`."""
+    unique per partition), `orderings` one int64 array per ordering column; arrays are aligned
+    with `rows`."""
     n = rows.num_rows
     upsert_write = pc.fill_null(pc.is_in(write, _UPSERTS), False).to_numpy(zero_copy_only=False)
     applied = np.flatnonzero(pc.is_in(op, _APPLIED).to_numpy(zero_copy_only=False))
     if len(applied) == 0:
         return rows, pa.nulls(n, pa.bool_())
     codes = pc.dictionary_encode(groups.take(pa.array(applied))).indices.to_numpy(zero_copy_only=False)
+    # np.lexsort sorts by its last key first: key, then the ordering columns in order, then arrival.
     order = np.lexsort((arrivals.to_numpy(zero_copy_only=False)[applied],
-                       orderings.to_numpy(zero_copy_only=False)[applied], codes))
+                        *(o.to_numpy(zero_copy_only=False)[applied] for o in reversed(orderings)), codes))
     row = applied[order]  # the applied records, by key then (ordering, arrival)
     code = codes[order]
     deleting = pc.equal(op, DELETE).to_numpy(zero_copy_only=False)[row]

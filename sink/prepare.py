@@ -10,6 +10,7 @@ from sink import columns as C
 from sink import keys
 from sink.config import SinkConfig
 from sink.errors import SchemaError
+from sink.ordering import helper_columns
 
 
 def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
@@ -17,7 +18,7 @@ def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
     types = {f.name: f.dataType.typeName() for f in schema.fields}
     roles = [("key", c, keys.KEY_TYPES) for c in cfg.key]
     roles += [("partition_by", c, keys.PARTITION_TYPES) for c in cfg.partition_by]
-    roles.append(("ordering", cfg.ordering, keys.ORDERING_TYPES))
+    roles += [("ordering", c, keys.ORDERING_TYPES) for c in cfg.ordering_columns]
     for role, col, accepted in roles:
         if col not in types:
             raise SchemaError(
@@ -66,7 +67,7 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
         checks.append((f"{col(c)} IS NULL{upsert}", f"null partition column {c}"))
         if isinstance(schema[c].dataType, StringType):
             checks.append((f"{col(c)} = ''", f"empty partition value {c} (Delta stores it as NULL)"))
-    checks.append((f"{col(cfg.ordering)} IS NULL", f"null ordering column {cfg.ordering}"))
+    checks += [(f"{col(c)} IS NULL", f"null ordering column {c}") for c in cfg.ordering_columns]
     whens = " ".join(f"WHEN {failed} THEN {sql_string(why)}" for failed, why in checks)
     return f"CASE {whens} ELSE CAST(NULL AS STRING) END"
 
@@ -77,10 +78,11 @@ def _delete_sql(cfg: SinkConfig) -> str:
 
 def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
     """Add the helper columns: scan sequence and input file, quarantine reason, encoded key, shard,
-    ordering as BIGINT and the delete flag. One selectExpr: building the plan column by column
-    costs a py4j round trip per expression (~0.05 s a batch)."""
+    ordering values as BIGINT (one per ordering column) and the delete flag. One selectExpr:
+    building the plan column by column costs a py4j round trip per expression (~0.05 s a batch)."""
     key_expr = keys.spark_key_expr(cfg.key)
-    ordering_type = df.schema[cfg.ordering].dataType.typeName()
+    orderings = [f"{keys.spark_ordering_expr(c, df.schema[c].dataType.typeName())} AS {helper}"
+                 for c, helper in zip(cfg.ordering_columns, helper_columns(len(cfg.ordering_columns)))]
     # Scan sequence and input file give the arrival order that breaks ordering ties inside
     # a batch (sink.arrival); both are stable across re-evaluations of a file source's batch.
     return df.selectExpr(
@@ -90,14 +92,14 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
         f"{quarantine_reason(cfg, df.schema)} AS {C.REASON}",
         f"{key_expr} AS {C.KEY}",
         f"{keys.spark_shard_expr(key_expr, num_shards)} AS {C.SHARD}",
-        f"{keys.spark_ordering_expr(cfg.ordering, ordering_type)} AS {C.ORDERING}",
+        *orderings,
         f"{_delete_sql(cfg)} AS {C.DELETE}",
     )
 
 
-def tagged_schema(stream_schema: StructType) -> StructType:
+def tagged_schema(stream_schema: StructType, ordering_width: int = 1) -> StructType:
     """What the tagging task returns: the stream's columns (nullable), the quarantine reason,
-    the delete flag, encoded key, shard and ordering value (the driver's changelog needs
+    the delete flag, encoded key, shard and ordering values (the driver's changelog needs
     them) and the tags."""
     fields = [StructField(f.name, f.dataType, True) for f in stream_schema.fields]
     fields += [
@@ -105,7 +107,7 @@ def tagged_schema(stream_schema: StructType) -> StructType:
         StructField(C.DELETE, BooleanType(), True),
         StructField(C.KEY, StringType(), True),
         StructField(C.SHARD, LongType(), True),
-        StructField(C.ORDERING, LongType(), True),
+        *(StructField(c, LongType(), True) for c in helper_columns(ordering_width)),
         StructField(C.OP, StringType(), True),
         StructField(C.WRITE, StringType(), True),
         StructField(C.STORED_AT, StringType(), True),

@@ -21,7 +21,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sink.index.entry import CHANGES_SCHEMA, Entry, expired, unpack_located_many, unpack_many
+from sink import ordering
+from sink.index.entry import (
+    Entry,
+    change_orderings,
+    changes_schema,
+    expired,
+    ordering_names,
+    unpack_located_many,
+    unpack_many,
+)
 
 INSERT, UPDATE, DELETE, STALE, TOMBSTONE = "insert", "update", "delete", "stale", "tombstone"
 OPS = (INSERT, UPDATE, DELETE, STALE)
@@ -40,7 +49,7 @@ class TagResult:
     op: pa.Array  # per record: insert / update / delete / stale
     write: pa.Array  # per record: what the table must do, null where nothing
     hit: pa.Array  # on the first record of each key: was the key in the index; null elsewhere
-    changes: pa.Table  # CHANGES_SCHEMA: the entry after this batch of every key it changes
+    changes: pa.Table  # changes_schema(width): the entry after this batch of every key it changes
     # Global scope, on the record carrying a key's write: the partition of the row the table
     # holds before the batch (the row a delete removes, or a move deletes), and the key's
     # partition after the batch; null elsewhere.
@@ -49,15 +58,32 @@ class TagResult:
 
     def changes_dict(self) -> dict[str, dict[bytes, Entry]]:
         out: dict[str, dict[bytes, Entry]] = {}
-        for row in self.changes.to_pylist():
-            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"], row["deleted_at"])
+        rows = self.changes.to_pylist()
+        for row, values in zip(rows, change_orderings(self.changes).tolist()):
+            out.setdefault(row["pid"], {})[row["key"]] = Entry.of(values, row["deleted"], row["deleted_at"])
         return out
+
+
+Orderings = pa.Array | pa.ChunkedArray | Sequence[pa.Array]
+
+
+def _columns(orderings: Orderings) -> list[pa.Array]:
+    """One int64 array per ordering column."""
+    return [orderings] if isinstance(orderings, (pa.Array, pa.ChunkedArray)) else list(orderings)
+
+
+def _changes(pids: pa.Array, keys: pa.Array, values: np.ndarray, deleted: np.ndarray, now: int) -> pa.Table:
+    """The changes table of changed keys; deletes this batch applies are stamped `now`."""
+    width = values.shape[1]
+    stamps = np.where(deleted, np.int64(now), np.int64(0))
+    return pa.table([pids, keys, *(pa.array(values[:, i]) for i in range(width)), pa.array(deleted), pa.array(stamps)],
+                    schema=changes_schema(width))
 
 
 def tag(
     keys: pa.Array,
     partitions: pa.Array,
-    orderings: pa.Array,
+    orderings: Orderings,
     deletes: pa.Array,
     seqs: pa.Array,
     lookup: LookupPacked,
@@ -65,20 +91,23 @@ def tag(
     now: int = 0,
     expire_before: int | None = None,
 ) -> TagResult:
-    """Tag every record. Arrays are aligned; keys are encoded keys (string or binary).
-    Deletes this batch applies are stamped `now`; stored deletes older than `expire_before`
-    count as absent (`tombstone_ttl_hours`)."""
+    """Tag every record. Arrays are aligned; keys are encoded keys (string or binary);
+    `orderings` one int64 array per ordering column, compared in order. Deletes this batch
+    applies are stamped `now`; stored deletes older than `expire_before` count as absent
+    (`tombstone_ttl_hours`)."""
+    columns = _columns(orderings)
     n = len(keys)
     if n == 0:
         return TagResult(pa.array([], pa.string()), pa.array([], pa.string()), pa.array([], pa.bool_()),
-                         CHANGES_SCHEMA.empty_table())
+                         changes_schema(len(columns)).empty_table())
     keys = keys.cast(pa.binary())
     order = pc.sort_indices(
-        pa.table({"p": partitions, "k": keys, "o": orderings, "s": seqs}),
-        sort_keys=[("p", "ascending"), ("k", "ascending"), ("o", "ascending"), ("s", "ascending")],
+        pa.table({"p": partitions, "k": keys, **dict(zip(ordering_names(len(columns)), columns)), "s": seqs}),
+        sort_keys=[("p", "ascending"), ("k", "ascending"),
+                   *((c, "ascending") for c in ordering_names(len(columns))), ("s", "ascending")],
     ).to_numpy()
     p_sorted, k_sorted = partitions.take(order), keys.take(order)
-    o = orderings.to_numpy(zero_copy_only=False)[order]
+    o = ordering.stack(columns)[order]
     d = deletes.to_numpy(zero_copy_only=False)[order]
     first = np.ones(n, bool)
     if n > 1:
@@ -87,7 +116,7 @@ def tag(
     starts = np.flatnonzero(first)
     sizes = np.diff(np.append(starts, n))
     group_pids, group_keys = p_sorted.take(starts), k_sorted.take(starts)
-    present, e_ord, e_del, e_at = _lookup_groups(group_pids, group_keys, lookup)
+    present, e_ord, e_del, e_at = _lookup_groups(group_pids, group_keys, lookup, len(columns))
     found = present & ~expired(present, e_del, e_at, expire_before)  # hits count what the index answered
 
     op = np.full(n, _S, np.int8)
@@ -99,7 +128,7 @@ def tag(
     single = np.flatnonzero(sizes == 1)
     rows = starts[single]
     oo, dd, f, eo, ed = o[rows], d[rows], found[single], e_ord[single], e_del[single]
-    stale = f & ((oo < eo) | ((oo == eo) & (not incoming_wins_ties)))
+    stale = f & _older(oo, eo, incoming_wins_ties)
     live = f & ~ed
     op[rows] = np.where(stale, _S, np.where(dd, _D, np.where(live, _U, _I)))
     write[rows] = np.where(stale, _NO_WRITE, np.where(dd, np.where(live, _D, 3), np.where(live, _U, _I)))
@@ -108,8 +137,10 @@ def tag(
     new_ord[single[applied]] = oo[applied]
     new_del[single[applied]] = dd[applied]
 
-    for g in np.flatnonzero(sizes > 1).tolist():
-        state = _tag_group(starts[g], sizes[g], bool(found[g]), int(e_ord[g]), bool(e_del[g]), o, d,
+    several = np.flatnonzero(sizes > 1).tolist()
+    values, stored = (_comparable(o), _comparable(e_ord)) if several else (None, None)
+    for g in several:
+        state = _tag_group(starts[g], sizes[g], bool(found[g]), stored[g], bool(e_del[g]), values, d,
                            incoming_wins_ties, op, write)
         if state is not None:
             changed[g], new_ord[g], new_del[g] = True, state[0], state[1]
@@ -123,22 +154,31 @@ def tag(
     hit_sorted[starts] = present
     hit_out = pa.array(hit_sorted[unsorted], mask=~first[unsorted])
     idx = pa.array(np.flatnonzero(changed))
-    changes = pa.table([group_pids.take(idx), group_keys.take(idx), pa.array(new_ord[changed]),
-                        pa.array(new_del[changed]), _stamps(new_del[changed], now)], schema=CHANGES_SCHEMA)
+    changes = _changes(group_pids.take(idx), group_keys.take(idx), new_ord[changed], new_del[changed], now)
     return TagResult(op_out, write_out, hit_out, changes)
 
 
-def _stamps(deleted: np.ndarray, now: int) -> pa.Array:
-    """deleted_at of changed entries: the batch's time where the batch deleted the key."""
-    return pa.array(np.where(deleted, np.int64(now), np.int64(0)))
+def _comparable(values: np.ndarray) -> list:
+    """Rows of ordering values as Python values that compare like the rows: ints with one
+    ordering column (the common case, cheapest), tuples with several."""
+    if values.shape[1] == 1:
+        return values[:, 0].tolist()
+    return [tuple(v) for v in values.tolist()]
 
 
-def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked):
-    """(found, ordering, deleted) of each distinct key, one lookup call per partition."""
+def _older(incoming: np.ndarray, stored: np.ndarray, incoming_wins_ties: bool) -> np.ndarray:
+    """Row-wise: the incoming ordering loses to the stored one (stale)."""
+    if incoming_wins_ties:
+        return ordering.less(incoming, stored)
+    return ordering.less(incoming, stored) | ordering.equal(incoming, stored)
+
+
+def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked, width: int):
+    """(found, ordering, deleted, deleted_at) of each distinct key, one lookup call per partition."""
     encoded = pc.dictionary_encode(pids)
     names = encoded.dictionary.to_pylist()
     if len(names) == 1:
-        return unpack_many(lookup(names[0], keys.to_pylist()))
+        return unpack_many(lookup(names[0], keys.to_pylist()), width)
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     raws = np.empty(len(keys), object)
     for code, pid in enumerate(names):
@@ -146,25 +186,25 @@ def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked):
         answers = np.empty(len(where), object)
         answers[:] = lookup(pid, keys.take(pa.array(where)).to_pylist())
         raws[where] = answers
-    return unpack_many(raws.tolist())
+    return unpack_many(raws.tolist(), width)
 
 
-def _tag_group(start, size, found, e_ord, e_del, o, d, incoming_wins, op, write):
-    """Tag one key's records (sorted); return its (ordering, deleted) after the batch, or
-    None if nothing changed."""
+def _tag_group(start, size, found, e_ord, e_del, values, d, incoming_wins, op, write):
+    """Tag one key's records (sorted; `values`: `_comparable` orderings); return its
+    (ordering, deleted) after the batch, or None if nothing changed."""
     initially_live = found and not e_del
     state = (e_ord, e_del) if found else None
     last = None
     for row in range(start, start + size):
-        ordering = int(o[row])
-        if state is not None and (ordering < state[0] or (ordering == state[0] and not incoming_wins)):
+        value = values[row]
+        if state is not None and (value < state[0] or (value == state[0] and not incoming_wins)):
             continue  # op stays stale
         if d[row]:
             op[row] = _D
-            state = (ordering, True)
+            state = (value, True)
         else:
             op[row] = _I if state is None or state[1] else _U
-            state = (ordering, False)
+            state = (value, False)
         last = row
     if last is None:
         return None
@@ -178,7 +218,7 @@ def _tag_group(start, size, found, e_ord, e_del, o, d, incoming_wins, op, write)
 def tag_global(
     keys: pa.Array,
     partitions: pa.Array,
-    orderings: pa.Array,
+    orderings: Orderings,
     deletes: pa.Array,
     seqs: pa.Array,
     lookup: LookupLocated,
@@ -193,16 +233,20 @@ def tag_global(
     moves the key (the write is an update whose `stored_at` differs from its partition: the
     commit deletes the old row and inserts the new one). A stale record never moves a key.
     `now` and `expire_before` as in `tag`."""
+    columns = _columns(orderings)
+    names = ordering_names(len(columns))
     n = len(keys)
     if n == 0:
         empty = pa.array([], pa.string())
-        return TagResult(empty, empty, pa.array([], pa.bool_()), CHANGES_SCHEMA.empty_table(), empty, empty)
+        return TagResult(empty, empty, pa.array([], pa.bool_()), changes_schema(len(columns)).empty_table(), empty,
+                         empty)
     keys = keys.cast(pa.binary())
-    order = pc.sort_indices(pa.table({"k": keys, "o": orderings, "s": seqs}),
-                            sort_keys=[("k", "ascending"), ("o", "ascending"), ("s", "ascending")]).to_numpy()
+    order = pc.sort_indices(pa.table({"k": keys, **dict(zip(names, columns)), "s": seqs}),
+                            sort_keys=[("k", "ascending"), *((c, "ascending") for c in names),
+                                       ("s", "ascending")]).to_numpy()
     k_sorted = keys.take(order)
     own = np.array(partitions.take(order).to_pylist(), object)
-    o = orderings.to_numpy(zero_copy_only=False)[order]
+    o = ordering.stack(columns)[order]
     d = deletes.to_numpy(zero_copy_only=False)[order]
     first = np.ones(n, bool)
     if n > 1:
@@ -210,7 +254,7 @@ def tag_global(
     starts = np.flatnonzero(first)
     sizes = np.diff(np.append(starts, n))
     group_keys = k_sorted.take(starts)
-    present, e_ord, e_del, e_at, e_loc = unpack_located_many(lookup(group_keys.to_pylist()))
+    present, e_ord, e_del, e_at, e_loc = unpack_located_many(lookup(group_keys.to_pylist()), len(columns))
     found = present & ~expired(present, e_del, e_at, expire_before)  # hits count what the index answered
     e_loc = np.array(e_loc, object)
 
@@ -224,7 +268,7 @@ def tag_global(
     single = np.flatnonzero(sizes == 1)
     rows = starts[single]
     oo, dd, f, eo, ed, el = o[rows], d[rows], found[single], e_ord[single], e_del[single], e_loc[single]
-    stale = f & ((oo < eo) | ((oo == eo) & (not incoming_wins_ties)))
+    stale = f & _older(oo, eo, incoming_wins_ties)
     live = f & ~ed
     op[rows] = np.where(stale, _S, np.where(dd, _D, np.where(live, _U, _I)))
     write[rows] = np.where(stale, _NO_WRITE, np.where(dd, np.where(live, _D, 3), np.where(live, _U, _I)))
@@ -240,9 +284,11 @@ def tag_global(
     new_del[single[applied]] = dd[applied]
     new_loc[single[applied]] = after[applied]
 
-    for g in np.flatnonzero(sizes > 1).tolist():
-        state = _tag_global_group(starts[g], sizes[g], bool(found[g]), int(e_ord[g]), bool(e_del[g]), e_loc[g],
-                                  o, d, own, incoming_wins_ties, op, write, stored_at, location)
+    several = np.flatnonzero(sizes > 1).tolist()
+    values, stored = (_comparable(o), _comparable(e_ord)) if several else (None, None)
+    for g in several:
+        state = _tag_global_group(starts[g], sizes[g], bool(found[g]), stored[g], bool(e_del[g]), e_loc[g],
+                                  values, d, own, incoming_wins_ties, op, write, stored_at, location)
         if state is not None:
             changed[g], new_ord[g], new_del[g], new_loc[g] = True, state[0], state[1], state[2]
 
@@ -252,9 +298,8 @@ def tag_global(
     hit_sorted = np.zeros(n, bool)
     hit_sorted[starts] = present
     idx = pa.array(np.flatnonzero(changed))
-    changes = pa.table([pa.array(new_loc[changed].tolist(), pa.string()), group_keys.take(idx),
-                        pa.array(new_ord[changed]), pa.array(new_del[changed]), _stamps(new_del[changed], now)],
-                       schema=CHANGES_SCHEMA)
+    changes = _changes(pa.array(new_loc[changed].tolist(), pa.string()), group_keys.take(idx), new_ord[changed],
+                       new_del[changed], now)
     return TagResult(
         _OP_NAMES.take(pa.array(op[unsorted])),
         _WRITE_NAMES.take(pa.array(np.where(w < 0, 0, w), mask=w < 0)),
@@ -265,24 +310,24 @@ def tag_global(
     )
 
 
-def _tag_global_group(start, size, found, e_ord, e_del, e_loc, o, d, own, incoming_wins, op, write, stored_at,
+def _tag_global_group(start, size, found, e_ord, e_del, e_loc, values, d, own, incoming_wins, op, write, stored_at,
                       location):
-    """Tag one key's records (sorted) in global scope; return its (ordering, deleted,
-    partition) after the batch, or None if nothing changed."""
+    """Tag one key's records (sorted; `values`: `_comparable` orderings) in global scope;
+    return its (ordering, deleted, partition) after the batch, or None if nothing changed."""
     table_row = e_loc if found and not e_del else None  # where the table holds the key's row
     state = (e_ord, e_del, e_loc) if found else None
     last = None
     for row in range(start, start + size):
-        ordering = int(o[row])
-        if state is not None and (ordering < state[0] or (ordering == state[0] and not incoming_wins)):
+        value = values[row]
+        if state is not None and (value < state[0] or (value == state[0] and not incoming_wins)):
             continue  # op stays stale
         if d[row]:
             op[row] = _D
             where = state[2] if state is not None and (not state[1] or own[row] is None) else own[row]
-            state = (ordering, True, where if where is not None else "")
+            state = (value, True, where if where is not None else "")
         else:
             op[row] = _I if state is None or state[1] else _U
-            state = (ordering, False, own[row])
+            state = (value, False, own[row])
         last = row
     if last is None:
         return None

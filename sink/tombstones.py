@@ -32,13 +32,14 @@ class Compaction:
     version: int | None  # the tombstone table's version after the rewrite (None: nothing to rewrite)
 
 
-def latest_per_key(rows: pa.Table, key_cols: Sequence[str], ordering: str) -> pa.Table:
-    """One row per distinct `key_cols`: the one with the highest `ordering`, then the latest
-    deleted-at (when the rows have it), then the first in input order; in input order."""
+def latest_per_key(rows: pa.Table, key_cols: Sequence[str], ordering: str | Sequence[str]) -> pa.Table:
+    """One row per distinct `key_cols`: the one with the highest `ordering` (columns compared
+    in order), then the latest deleted-at (when the rows have it), then the first in input
+    order; in input order."""
     if rows.num_rows < 2:
         return rows
     position = "__position"
-    ranking = [(ordering, "descending")]
+    ranking = [(c, "descending") for c in ([ordering] if isinstance(ordering, str) else ordering)]
     if TOMBSTONE_DELETED_AT in rows.column_names:
         ranking.append((TOMBSTONE_DELETED_AT, "descending"))
     ranked = rows.select([*key_cols, *(c for c, _ in ranking)]).append_column(
@@ -60,7 +61,7 @@ def compact(cfg: SinkConfig, now: float) -> Compaction | None:
     done = committed(table, rows)
     pending, held = rows.filter(pc.invert(done)), rows.filter(done)
     per_key = [*cfg.key] if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
-    newest = latest_per_key(held, per_key, cfg.ordering)
+    newest = latest_per_key(held, per_key, cfg.ordering_columns)
     kept = newest.filter(pc.invert(expired_rows(newest, cfg.tombstone_ttl_hours, now)))
     report = Compaction(rows.num_rows, pending.num_rows + kept.num_rows, newest.num_rows - kept.num_rows,
                         held.num_rows - newest.num_rows, pending.num_rows, None)

@@ -4,7 +4,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sink import SchemaError, SinkConfig, UpsertSink
-from sink.errors import ConfigError
+from sink.errors import ConfigError, ContractMismatchError
 
 pytestmark = pytest.mark.spark
 
@@ -116,3 +116,49 @@ def test_ignore_null_updates_keeps_stored_values_when_a_global_key_moves(spark, 
 def test_ignore_null_updates_must_be_a_boolean(tmp_path):
     with pytest.raises(ConfigError, match="ignore_null_updates must be true or false, got 'yes'"):
         partial_config(tmp_path, ignore_null_updates="yes")
+
+
+# Several ordering columns, like AUTO CDC's SEQUENCE BY STRUCT(ts, seq): ts first, seq on a tie.
+SEQUENCED = "userId INT, name STRING, city STRING, operation STRING, ts INT, seq INT"
+
+
+def sequenced_config(tmp_path, index="index", **extra):
+    options = {"ordering": ["ts", "seq"], **extra}
+    return SinkConfig(table_uri=str(tmp_path / "users"), key=["userId"], delete_when="operation = 'DELETE'",
+                      except_columns=["operation"], writer_id="users", index_dir=str(tmp_path / index), num_shards=2,
+                      metrics_port=0, **options)
+
+
+@pytest.mark.parametrize("tag_on, fresh_replica", [("driver", False), ("driver", True), ("executors", False)])
+@pytest.mark.parametrize("scope", ["partitioned", "global"])
+def test_several_ordering_columns_break_ties_on_the_first_with_the_next(spark, tmp_path, tag_on, fresh_replica,
+                                                                         scope):
+    sink = UpsertSink(sequenced_config(tmp_path, tag_on=tag_on, scope=scope))
+    sink(spark.createDataFrame([(1, "Ana", "Lima", "INSERT", 10, 1), (2, "Bo", "Oslo", "INSERT", 10, 1)],
+                               SEQUENCED), 0)
+    # Ties on ts: seq decides, whatever the arrival order.
+    sink(spark.createDataFrame([(1, "Ana", "Quito", "UPDATE", 10, 3), (1, "Ana", "Cusco", "UPDATE", 10, 2),
+                                (2, None, None, "DELETE", 10, 2)], SEQUENCED), 1)
+    if fresh_replica:  # entries and tombstones loaded from the tables compare the same way
+        sink = UpsertSink(sequenced_config(tmp_path, index="other-index", tag_on=tag_on, scope=scope))
+    sink(spark.createDataFrame([(2, "Bo", "Bergen", "UPDATE", 10, 1), (1, "Ana", "Cusco", "UPDATE", 10, 2),
+                                (3, "Cy", "Rome", "INSERT", 9, 9)], SEQUENCED), 2)
+    assert sink.reports[-1].ops["stale"] == 2 and sink.reports[-1].ops["insert"] == 1
+    assert rows_of(str(tmp_path / "users")) == [(1, "Ana", "Quito", 10, 3), (3, "Cy", "Rome", 9, 9)]
+
+
+def test_the_table_records_several_ordering_columns_and_refuses_another_ordering(spark, tmp_path):
+    sink = UpsertSink(sequenced_config(tmp_path))
+    sink(spark.createDataFrame([(1, "Ana", "Lima", "INSERT", 10, 1)], SEQUENCED), 0)
+    assert DeltaTable(str(tmp_path / "users")).metadata().configuration["upsert_sink.ordering"] == '["ts", "seq"]'
+    cfg = SinkConfig(table_uri=str(tmp_path / "users"), key=["userId"], ordering="ts", writer_id="users",
+                     except_columns=["operation"], index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0)
+    with pytest.raises(ContractMismatchError, match=r"ordering: \('ts', 'seq'\) vs 'ts'"):
+        UpsertSink(cfg)(spark.createDataFrame([(1, "Ana", "Lima", "INSERT", 10, 2)], SEQUENCED), 1)
+
+
+def test_several_ordering_columns_are_checked_like_one(tmp_path):
+    with pytest.raises(ConfigError, match="ordering column 'userId' must not be a key or partition column"):
+        sequenced_config(tmp_path, ordering=["ts", "userId"])
+    with pytest.raises(ConfigError, match=r"ordering lists a column twice: \['ts', 'ts'\]"):
+        sequenced_config(tmp_path, ordering=["ts", "ts"])

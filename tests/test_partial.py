@@ -23,7 +23,7 @@ def fold(records, stored):
                  lambda pid, ks: [index.get(k.decode()) for k in ks])
     rows = pa.table({"k": keys, "a": pa.array([r[3] for r in records], pa.int64()),
                      "b": pa.array([r[4] for r in records], pa.string())})
-    rows, partial = fold_nulls(rows, VALUES, keys, orderings, arrivals, result.op, result.write)
+    rows, partial = fold_nulls(rows, VALUES, keys, [orderings], arrivals, result.op, result.write)
     return list(zip(result.write.to_pylist(), partial.to_pylist(), rows.column("a").to_pylist(),
                     rows.column("b").to_pylist()))
 
@@ -95,7 +95,7 @@ def test_random_batches_equal_records_applied_one_by_one():
         stored = {str(k): (rng.randrange(5), rng.choice([None, 1]), rng.choice([None, "s"]))
                   for k in range(4) if rng.random() < 0.6}
         records = [(str(rng.randrange(4)), rng.randrange(8), rng.random() < 0.2,
-                    rng.choice([None, rng.randrange(100)]), rng.choice([None, "r%d" % rng.randrange(9)]))
+                    rng.choice([None, rng.randrange(100)]), rng.choice([None, f"r{rng.randrange(9)}"]))
                    for _ in range(rng.randrange(1, 12))]
         assert merged(records, stored) == applied_one_by_one(records, stored), (records, stored)
 

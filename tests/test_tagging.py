@@ -159,3 +159,45 @@ def test_a_delete_older_than_the_ttl_no_longer_shields_its_key_and_new_deletes_a
     assert result.changes == {P: {b"old": Entry(3), b"gone": Entry(4, True, deleted_at=6000)}}
     # Without a TTL the oldest delete still wins.
     assert run(late, index, now=6000)[0].op == ["stale", "stale", "delete"]
+
+
+def tag_two(records, index, incoming_wins=True):
+    """records: (key, (a, b), is_delete) in arrival order; index: key -> Entry((a, b), deleted)."""
+    n = len(records)
+    result = tag(
+        pa.array([r[0] for r in records], pa.string()), pa.array([P] * n, pa.string()),
+        [pa.array([r[1][0] for r in records], pa.int64()), pa.array([r[1][1] for r in records], pa.int64())],
+        pa.array([r[2] for r in records], pa.bool_()), pa.array(range(n), pa.int64()),
+        lambda pid, keys: [index[k.decode()].pack() if k.decode() in index else None for k in keys], incoming_wins)
+    return result.op.to_pylist(), result.changes_dict().get(P, {})
+
+
+def test_two_ordering_columns_break_ties_on_the_first_with_the_second():
+    index = {"k": Entry((5, 3)), "j": Entry((5, 3), True)}
+    ops, changes = tag_two([("k", (5, 2), False), ("k", (5, 4), False), ("j", (4, 9), False), ("n", (1, 1), True)],
+                           index)
+    assert ops == ["stale", "update", "stale", "delete"]
+    assert changes == {b"k": Entry((5, 4)), b"n": Entry((1, 1), True)}
+
+
+def test_two_ordering_columns_equal_records_applied_one_by_one():
+    rng = random.Random(11)
+    for _ in range(300):
+        index = {k: Entry((rng.randrange(3), rng.randrange(3)), rng.random() < 0.3)
+                 for k in "abc" if rng.random() < 0.7}
+        records = [(rng.choice("abc"), (rng.randrange(3), rng.randrange(3)), rng.random() < 0.2)
+                   for _ in range(rng.randrange(1, 9))]
+        incoming_wins = rng.random() < 0.5
+        state = {k: (e.ordering, e.deleted) for k, e in index.items()}
+        expected_ops = [None] * len(records)
+        for i, (key, values, deleting) in sorted(enumerate(records), key=lambda r: (r[1][0], r[1][1], r[0])):
+            stored = state.get(key)
+            if stored is not None and (values < stored[0] or (values == stored[0] and not incoming_wins)):
+                expected_ops[i] = "stale"
+                continue
+            expected_ops[i] = "delete" if deleting else "insert" if stored is None or stored[1] else "update"
+            state[key] = (values, deleting)
+        ops, changes = tag_two(records, index, incoming_wins)
+        assert ops == expected_ops, (records, index)
+        applied = {r[0] for r, op in zip(records, expected_ops) if op != "stale"}
+        assert {k.decode(): (e.ordering, e.deleted) for k, e in changes.items()} == {k: state[k] for k in applied}

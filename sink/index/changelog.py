@@ -23,10 +23,14 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sink.index.entry import CHANGES_SCHEMA
+from sink.index.entry import changes_schema
 from sink.lakehouse.log import filesystem
 
-SCHEMA = pa.schema([pa.field("shard", pa.int32()), *CHANGES_SCHEMA])
+
+def schema(width: int = 1) -> pa.Schema:
+    """A file's columns: the shard, then the entries (`changes_schema(width)`)."""
+    return pa.schema([pa.field("shard", pa.int32()), *changes_schema(width)])
+
 _HEADER = b"upsert_sink.changelog"
 
 
@@ -46,16 +50,18 @@ def file_name(version: int) -> str:
 
 
 def write(uri: str, version: int, header: Header, entries: pa.Table) -> None:
-    """Write the entries (SCHEMA rows) of the commit at `version`; visible only once complete."""
+    """Write the entries (`schema(width)` rows) of the commit at `version`; visible only once
+    complete."""
     fs, base = filesystem(uri)
     fs.create_dir(base, recursive=True)
-    entries = entries.select(SCHEMA.names).cast(SCHEMA).sort_by("shard")
-    schema = SCHEMA.with_metadata({_HEADER: json.dumps(asdict(header)).encode()})
+    layout = schema(_width(entries.column_names))
+    entries = entries.select(layout.names).cast(layout).sort_by("shard")
+    layout = layout.with_metadata({_HEADER: json.dumps(asdict(header)).encode()})
     final = f"{base}/{file_name(version)}"
     # Object stores publish an object when its upload completes; a local file needs a rename.
     local = isinstance(fs, pafs.LocalFileSystem)
     target = f"{base}/.{file_name(version)}.{uuid.uuid4().hex}.tmp" if local else final
-    with fs.open_output_stream(target) as out, pq.ParquetWriter(out, schema) as writer:
+    with fs.open_output_stream(target) as out, pq.ParquetWriter(out, layout) as writer:
         shards = entries.column("shard")
         for shard in pc.unique(shards).to_pylist():
             rows = entries.filter(pc.equal(shards, shard))
@@ -65,7 +71,7 @@ def write(uri: str, version: int, header: Header, entries: pa.Table) -> None:
 
 
 def read(uri: str, version: int, header: Header, shard: int) -> pa.Table | None:
-    """The entries (CHANGES_SCHEMA rows) of `shard` in the commit at `version`, or None when
+    """The entries (`changes_schema` rows) of `shard` in the commit at `version`, or None when
     there is no file for it, or the file belongs to another writer, batch or sharding."""
     fs, base = filesystem(uri)
     try:
@@ -75,11 +81,17 @@ def read(uri: str, version: int, header: Header, shard: int) -> pa.Table | None:
     with source:
         parquet = pq.ParquetFile(source)
         written = (parquet.schema_arrow.metadata or {}).get(_HEADER)
-        if written is None or json.loads(written) != asdict(header) or parquet.schema_arrow.names != SCHEMA.names:
+        layout = schema(_width(parquet.schema_arrow.names))
+        if written is None or json.loads(written) != asdict(header) or parquet.schema_arrow.names != layout.names:
             return None  # another writer's, or an older layout
         groups = [i for i in range(parquet.num_row_groups) if _may_hold(parquet.metadata.row_group(i), shard)]
-        rows = parquet.read_row_groups(groups, columns=SCHEMA.names) if groups else SCHEMA.empty_table()
-    return rows.filter(pc.equal(rows.column("shard"), shard)).select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA)
+        rows = parquet.read_row_groups(groups, columns=layout.names) if groups else layout.empty_table()
+    entries = changes_schema(_width(layout.names))
+    return rows.filter(pc.equal(rows.column("shard"), shard)).select(entries.names).cast(entries)
+
+
+def _width(names) -> int:
+    return sum(1 for n in names if n == "ordering" or n.startswith("ordering_"))
 
 
 def _may_hold(group: pq.RowGroupMetaData, shard: int) -> bool:

@@ -1,66 +1,115 @@
-"""What the index stores per key: the ordering value, whether the key is deleted and, for a
-deleted key, when (the deleting batch's time, seconds since the epoch; 0 when unknown):
-`tombstone_ttl_hours` expires deletes by it.
+"""What the index stores per key: the ordering value (one int64 per ordering column), whether
+the key is deleted and, for a deleted key, when (the deleting batch's time, seconds since
+the epoch; 0 when unknown): `tombstone_ttl_hours` expires deletes by it.
 
-Packed as 17 bytes (little-endian int64 ordering, one deleted byte, int64 deleted-at); the
-*_many helpers do whole batches through numpy, so no per-key struct calls sit on the hot
-path. In global scope the entry also says where the key lives: its partition id follows.
+Packed little-endian as the int64 ordering values, one deleted byte and the int64
+deleted-at (17 bytes with one ordering column); the *_many helpers do whole batches through
+numpy, so no per-key struct calls sit on the hot path. In global scope the entry also says
+where the key lives: its partition id follows.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from functools import cache
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-_PACK = struct.Struct("<q?q")
-SIZE = _PACK.size
-_DTYPE = np.dtype([("ordering", "<i8"), ("deleted", "?"), ("deleted_at", "<i8")])
-# Entries a batch changes, as tagging returns them and staging stores them.
-CHANGES_SCHEMA = pa.schema([("pid", pa.string()), ("key", pa.binary()), ("ordering", pa.int64()),
-                            ("deleted", pa.bool_()), ("deleted_at", pa.int64())])
+SIZE = struct.calcsize("<q?q")  # with one ordering column
+
+
+def size(width: int) -> int:
+    """Bytes of an entry with `width` ordering columns (a located entry's partition follows)."""
+    return SIZE + 8 * (width - 1)
+
+
+@cache
+def _dtype(width: int, flag: str = "?") -> np.dtype:
+    return np.dtype([("ordering", "<i8", (width,)), ("deleted", flag), ("deleted_at", "<i8")])
+
+
+def ordering_names(width: int) -> list[str]:
+    """The ordering columns of a changes table."""
+    return ["ordering"] + [f"ordering_{i}" for i in range(1, width)]
+
+
+@cache
+def changes_schema(width: int = 1) -> pa.Schema:
+    """Entries a batch changes, as tagging returns them and staging stores them."""
+    return pa.schema([("pid", pa.string()), ("key", pa.binary()), *((n, pa.int64()) for n in ordering_names(width)),
+                      ("deleted", pa.bool_()), ("deleted_at", pa.int64())])
+
+
+CHANGES_SCHEMA = changes_schema(1)
+
+
+def change_orderings(changes: pa.Table) -> np.ndarray:
+    """The (n, width) ordering values of a changes table."""
+    names = [n for n in changes.column_names if n == "ordering" or n.startswith("ordering_")]
+    return np.column_stack([changes.column(n).to_numpy() for n in names]) if changes.num_rows else \
+        np.zeros((0, len(names)), np.int64)
 
 
 class Entry(NamedTuple):
-    ordering: int
+    ordering: int | tuple[int, ...]  # a tuple with several ordering columns
     deleted: bool = False
     deleted_at: int = 0
 
+    def values(self) -> tuple[int, ...]:
+        return self.ordering if isinstance(self.ordering, tuple) else (self.ordering,)
+
     def pack(self) -> bytes:
-        return _PACK.pack(self.ordering, self.deleted, self.deleted_at)
+        values = self.values()
+        return struct.pack(f"<{len(values)}q?q", *values, self.deleted, self.deleted_at)
 
     @classmethod
     def unpack(cls, raw: bytes) -> Entry:
-        return cls(*_PACK.unpack(raw))
+        width = (len(raw) - SIZE) // 8 + 1
+        *values, deleted, deleted_at = struct.unpack(f"<{width}q?q", raw)
+        return cls(values[0] if width == 1 else tuple(values), deleted, deleted_at)
+
+    @classmethod
+    def of(cls, values: Sequence[int], deleted: bool = False, deleted_at: int = 0) -> Entry:
+        """From one int per ordering column."""
+        values = tuple(int(v) for v in values)
+        return cls(values[0] if len(values) == 1 else values, bool(deleted), int(deleted_at))
 
 
 def pack_many(orderings: np.ndarray | Sequence[int], deleted: np.ndarray | Sequence[bool],
               deleted_at: np.ndarray | Sequence[int] | int = 0) -> list[bytes]:
-    """Packed values of aligned ordering / deleted / deleted-at arrays."""
-    records = np.zeros(len(orderings), _DTYPE)
+    """Packed values of aligned ordering ((n,) or (n, width)) / deleted / deleted-at arrays."""
+    orderings = np.asarray(orderings, np.int64)
+    orderings = orderings.reshape(len(orderings), -1) if orderings.size else orderings.reshape(0, 1)
+    width = orderings.shape[1]
+    records = np.zeros(len(orderings), _dtype(width))
     records["ordering"] = orderings
     records["deleted"] = deleted
     records["deleted_at"] = np.where(records["deleted"], deleted_at, 0)
     buf = records.tobytes()
-    return [buf[i:i + SIZE] for i in range(0, len(buf), SIZE)]
+    n = size(width)
+    return [buf[i:i + n] for i in range(0, len(buf), n)]
 
 
-# Stands in for "not found" while unpacking: deleted byte 2 never occurs in a real entry.
-_MISSING = b"\x00" * 8 + b"\x02" + b"\x00" * 8
+@cache
+def _missing(width: int) -> bytes:
+    """Stands in for "not found" while unpacking: deleted byte 2 never occurs in a real entry."""
+    return b"\x00" * 8 * width + b"\x02" + b"\x00" * 8
 
 
-def unpack_many(raws: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(found, orderings, deleted, deleted_at) arrays of packed values, None meaning not
-    found (0/False there)."""
+def unpack_many(raws: Sequence[bytes | None], width: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                        np.ndarray]:
+    """(found, orderings (n, width), deleted, deleted_at) arrays of packed values, None
+    meaning not found (0/False there)."""
     if not len(raws):
-        return np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
-    records = np.frombuffer(b"".join([_MISSING if r is None else r for r in raws]),
-                            np.dtype([("ordering", "<i8"), ("flag", "u1"), ("deleted_at", "<i8")]))
-    found = records["flag"] != 2
-    return found, np.where(found, records["ordering"], 0), records["flag"] == 1, records["deleted_at"].copy()
+        return np.zeros(0, bool), np.zeros((0, width), np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
+    missing = _missing(width)
+    records = np.frombuffer(b"".join([missing if r is None else r for r in raws]), _dtype(width, "u1"))
+    found = records["deleted"] != 2
+    return (found, np.where(found[:, None], records["ordering"], 0), records["deleted"] == 1,
+            records["deleted_at"].copy())
 
 
 def expired(found: np.ndarray, deleted: np.ndarray, deleted_at: np.ndarray, expire_before: int | None) -> np.ndarray:
@@ -76,8 +125,9 @@ def pack_located_many(orderings, deleted, locations: Sequence[str], deleted_at=0
     return [raw + loc.encode() for raw, loc in zip(pack_many(orderings, deleted, deleted_at), locations)]
 
 
-def unpack_located_many(raws: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                               list[str | None]]:
+def unpack_located_many(raws: Sequence[bytes | None], width: int = 1) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str | None]]:
     """`unpack_many` of located values, plus each key's partition id (None when not found)."""
-    found, orderings, deleted, deleted_at = unpack_many([None if r is None else r[:SIZE] for r in raws])
-    return found, orderings, deleted, deleted_at, [None if r is None else r[SIZE:].decode() for r in raws]
+    n = size(width)
+    found, orderings, deleted, deleted_at = unpack_many([None if r is None else r[:n] for r in raws], width)
+    return found, orderings, deleted, deleted_at, [None if r is None else r[n:].decode() for r in raws]

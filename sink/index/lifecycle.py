@@ -33,18 +33,18 @@ class ShardSource:
     table: DeltaTable  # at the version the replica reflects
     tombstones: DeltaTable | None
     key_cols: tuple[str, ...]
-    ordering: str
+    ordering: str | tuple[str, ...]  # the ordering column(s)
     shard: int
     num_shards: int
     partition_cols: tuple[str, ...] = ()  # global scope: where each key lives
 
     @classmethod
-    def open(cls, table_uri: str, tombstone_uri: str, version: int, key_cols, ordering: str, shard: int,
-             num_shards: int, partition_cols=()) -> ShardSource:
+    def open(cls, table_uri: str, tombstone_uri: str, version: int, key_cols, ordering: str | Sequence[str],
+             shard: int, num_shards: int, partition_cols=()) -> ShardSource:
         """The table at `version` and the tombstone table, if there is one yet."""
         tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
-        return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols), ordering, shard, num_shards,
-                   tuple(partition_cols))
+        return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols),
+                   ordering if isinstance(ordering, str) else tuple(ordering), shard, num_shards, tuple(partition_cols))
 
     def read(self, pid: str) -> tuple[list[bytes], list[bytes]]:
         """Keys and packed entries of one partition, or of the whole shard for GLOBAL."""
@@ -126,7 +126,7 @@ def bootstrap(
     rule = tiering.resolve_date_rule(rule_config[0], rule_config[1], types)
     actions = pa.table(source.table.get_add_actions(flatten=True))
     stats = tiering.partition_stats(actions, partition_cols, tiering_column)
-    hot = tiering.hot_partitions(stats, rule, dt.datetime.fromtimestamp(now, dt.timezone.utc), days)
+    hot = tiering.hot_partitions(stats, rule, dt.datetime.fromtimestamp(now, dt.UTC), days)
     rows = sum(stats[p][1] for p in hot)
     log.info("shard %s bootstrap: %s of %s partitions in the last %s days (%s rows to scan)",
              source.shard, len(hot), len(stats), days, rows)

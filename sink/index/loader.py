@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from sink import keys
 from sink.index.entry import Entry, pack_located_many, pack_many
 from sink.lakehouse.predicates import partition_predicate
+from sink.ordering import arrow_greater
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 # Tombstone rows name the writer and batch that wrote them: they count once the table holds
@@ -32,33 +33,54 @@ def read_partition(
     tombstones: DeltaTable | None,
     pid: str,
     key_cols: Sequence[str],
-    ordering: str,
+    ordering: str | Sequence[str],
     shard: int,
     num_shards: int,
 ) -> tuple[list[bytes], list[bytes]]:
     """Keys and packed entries of partition `pid` for `shard`: live rows of `table` at its
     loaded version, overlaid with tombstones newer than the row (or of keys the table
     lacks). One entry per key; array operations throughout."""
+    ordering = _columns(ordering)
     types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
     predicate = partition_predicate(keys.partition_values(pid), types)
-    columns = [*key_cols, ordering]
+    columns = [*key_cols, *ordering]
     live = _key_orderings(pa.table(table.scan(columns=columns, predicate=predicate)), key_cols, ordering,
                           shard, num_shards)
-    deleted = pa.array(np.zeros(live.num_rows, bool))
-    deleted_at = pa.array(np.zeros(live.num_rows, np.int64))
     if tombstones is not None:
         tomb = _key_orderings(committed_tombstones(table, tombstones, predicate, columns), key_cols, ordering,
                               shard, num_shards, stamped=True)
-        if tomb.num_rows:
-            joined = live.join(tomb.rename_columns(["k", "t", "at"]), "k", join_type="full outer")
-            row, dead = joined.column("o"), joined.column("t")
-            # Equal ordering: the row stands (a delete that won a tie would have removed it).
-            deleted = pc.or_kleene(pc.is_null(row), pc.fill_null(pc.greater(dead, row), False))
-            live = pa.table({"k": joined.column("k"), "o": pc.if_else(deleted, dead, row)})
-            deleted_at = pc.fill_null(joined.column("at"), 0)
-    raws = pack_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False),
-                     deleted_at.to_numpy())
-    return live.column("k").to_pylist(), raws
+        live = _overlay(live, tomb, len(ordering))
+    return live.column("k").to_pylist(), _pack(live, len(ordering))
+
+
+def _overlay(live: pa.Table, tomb: pa.Table, width: int, located: bool = False) -> pa.Table:
+    """Live rows (k, values[, l]) with tombstones (k, values[, l], at) joined in: a key is
+    deleted where its tombstone is newer than its row or it has no row (equal ordering: the
+    row stands, as a delete that won a tie would have removed it). Adds "deleted" and "at"."""
+    names = _value_names(width)
+    if not tomb.num_rows:
+        return live.append_column("deleted", pa.array(np.zeros(live.num_rows, bool))).append_column(
+            "at", pa.array(np.zeros(live.num_rows, np.int64)))
+    dead_names = [f"t{n}" for n in names]
+    renamed = tomb.rename_columns([{"l": "tl", **dict(zip(names, dead_names))}.get(c, c) for c in tomb.column_names])
+    joined = live.join(renamed, "k", join_type="full outer")
+    row = [joined.column(n) for n in names]
+    dead = [joined.column(n) for n in dead_names]
+    deleted = pc.or_kleene(pc.is_null(row[0]), pc.fill_null(arrow_greater(dead, row), False))
+    out = {"k": joined.column("k"), **{n: pc.if_else(deleted, t, r) for n, t, r in zip(names, dead, row)}}
+    if located:
+        out["l"] = pc.if_else(pc.is_null(row[0]), joined.column("tl"), joined.column("l"))
+    return pa.table({**out, "deleted": pc.fill_null(deleted, False), "at": pc.fill_null(joined.column("at"), 0)})
+
+
+def _pack(rows: pa.Table, width: int) -> list[bytes]:
+    values = np.column_stack([rows.column(n).to_numpy() for n in _value_names(width)]) if rows.num_rows else \
+        np.zeros((0, width), np.int64)
+    deleted = rows.column("deleted").to_numpy(zero_copy_only=False) if "deleted" in rows.column_names else False
+    at = rows.column("at").to_numpy() if "at" in rows.column_names else 0
+    if "l" in rows.column_names:
+        return pack_located_many(values, deleted, pc.fill_null(rows.column("l"), "").to_pylist(), at)
+    return pack_many(values, deleted, at)
 
 
 @dataclass
@@ -77,56 +99,72 @@ def read_global(
     tombstones: DeltaTable | None,
     key_cols: Sequence[str],
     partition_cols: Sequence[str],
-    ordering: str,
+    ordering: str | Sequence[str],
     shard: int,
     num_shards: int,
 ) -> GlobalRead:
     """Every key of `shard` in the table, with the partition it lives in, overlaid with
     tombstones as `read_partition` does (a delete of a key with no row stays where its
     delete record put it, "" when that named no partition)."""
-    columns = [*key_cols, *partition_cols, ordering]
+    ordering = _columns(ordering)
+    columns = [*key_cols, *partition_cols, *ordering]
     live, spread = _located(pa.table(table.scan(columns=columns)), key_cols, partition_cols, ordering, shard,
                             num_shards)
-    deleted = pa.array(np.zeros(live.num_rows, bool))
-    deleted_at = pa.array(np.zeros(live.num_rows, np.int64))
     if tombstones is not None:
         tomb, _ = _located(committed_tombstones(table, tombstones, None, columns), key_cols, partition_cols,
                            ordering, shard, num_shards, stamped=True)
-        if tomb.num_rows:
-            joined = live.join(tomb.rename_columns(["k", "t", "tl", "at"]), "k", join_type="full outer")
-            row, dead = joined.column("o"), joined.column("t")
-            deleted = pc.or_kleene(pc.is_null(row), pc.fill_null(pc.greater(dead, row), False))
-            live = pa.table({"k": joined.column("k"), "o": pc.if_else(deleted, dead, row),
-                             "l": pc.if_else(pc.is_null(row), joined.column("tl"), joined.column("l"))})
-            deleted_at = pc.fill_null(joined.column("at"), 0)
-    raws = pack_located_many(live.column("o").to_numpy(), pc.fill_null(deleted, False).to_numpy(zero_copy_only=False),
-                             pc.fill_null(live.column("l"), "").to_pylist(), deleted_at.to_numpy())
-    return GlobalRead(live.column("k").to_pylist(), raws, spread)
+        live = _overlay(live, tomb, len(ordering), located=True)
+    return GlobalRead(live.column("k").to_pylist(), _pack(live, len(ordering)), spread)
 
 
-def _located(data: pa.Table, key_cols, partition_cols, ordering, shard, num_shards,
+def _located(data: pa.Table, key_cols, partition_cols, ordering: list[str], shard, num_shards,
              stamped: bool = False) -> tuple[pa.Table, int]:
-    """(k, o, l: partition id[, at: deleted-at seconds]) of this shard's rows, one per key (its
-    highest ordering), and the number of keys found in several partitions."""
+    """(k, values, l: partition id[, at: deleted-at seconds]) of this shard's rows, one per key
+    (its highest ordering), and the number of keys found in several partitions."""
     rows = _shard_rows(data, key_cols, shard, num_shards, extra=partition_cols)
     if rows is None:
-        empty = {"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64()), "l": pa.array([], pa.string())}
-        return pa.table({**empty, "at": pa.array([], pa.int64())} if stamped else empty), 0
-    out = pa.table({"k": rows.column(_KEY).cast(pa.binary()),
-                    "o": keys.ordering_values(rows.column(ordering)).cast(pa.int64()),
+        return _empty(len(ordering), located=True, stamped=stamped), 0
+    out = pa.table({"k": rows.column(_KEY).cast(pa.binary()), **_values(rows, ordering),
                     "l": keys.partition_ids(rows, partition_cols),
                     **({"at": stamp_seconds(rows)} if stamped else {})})
     if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
         return out, 0
     per_key = pa.table({"k": out.column("k"), "l": out.column("l")}).group_by("k").aggregate([("l", "count_distinct")])
-    return _newest_per_key(out), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py() or 0)
+    return _newest_per_key(out, len(ordering)), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py()
+                                                    or 0)
 
 
-def _newest_per_key(out: pa.Table) -> pa.Table:
-    """One row per key "k": the one with the highest "o"."""
+def _columns(ordering: str | Sequence[str]) -> list[str]:
+    return [ordering] if isinstance(ordering, str) else list(ordering)
+
+
+def _value_names(width: int) -> list[str]:
+    return ["o"] + [f"o_{i}" for i in range(1, width)]
+
+
+def _values(rows: pa.Table, ordering: list[str]) -> dict[str, pa.ChunkedArray]:
+    """The ordering columns as int64, named by `_value_names`."""
+    return {n: keys.ordering_values(rows.column(c)).cast(pa.int64())
+            for n, c in zip(_value_names(len(ordering)), ordering)}
+
+
+def _empty(width: int, located: bool = False, stamped: bool = False) -> pa.Table:
+    columns = {"k": pa.array([], pa.binary()), **{n: pa.array([], pa.int64()) for n in _value_names(width)}}
+    if located:
+        columns["l"] = pa.array([], pa.string())
+    if stamped:
+        columns["at"] = pa.array([], pa.int64())
+    return pa.table(columns)
+
+
+def _newest_per_key(out: pa.Table, width: int) -> pa.Table:
+    """One row per key "k": the one with the highest ordering values (then the latest "at")."""
     if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
         return out
-    newest = out.take(pc.sort_indices(out, [("k", "ascending"), ("o", "descending")]))
+    ranking = [(n, "descending") for n in _value_names(width)]
+    if "at" in out.column_names:
+        ranking.append(("at", "descending"))
+    newest = out.take(pc.sort_indices(out, [("k", "ascending"), *ranking]))
     key_col = newest.column("k").combine_chunks()
     first = np.ones(newest.num_rows, bool)
     first[1:] = ~pc.equal(key_col[1:], key_col[:-1]).to_numpy(zero_copy_only=False)
@@ -170,17 +208,16 @@ def committed(table: DeltaTable, rows: pa.Table) -> pa.Array:
     return done
 
 
-def _key_orderings(data: pa.Table, key_cols, ordering, shard, num_shards, stamped: bool = False) -> pa.Table:
-    """(k: encoded key bytes, o: ordering[, at: deleted-at seconds]) of this shard's rows, one
-    row per key (the highest)."""
+def _key_orderings(data: pa.Table, key_cols, ordering: list[str], shard, num_shards,
+                   stamped: bool = False) -> pa.Table:
+    """(k: encoded key bytes, values[, at: deleted-at seconds]) of this shard's rows, one row
+    per key (the highest ordering)."""
     rows = _shard_rows(data, key_cols, shard, num_shards)
     if rows is None:
-        empty = {"k": pa.array([], pa.binary()), "o": pa.array([], pa.int64())}
-        return pa.table({**empty, "at": pa.array([], pa.int64())} if stamped else empty)
-    out = pa.table({"k": rows.column(_KEY).cast(pa.binary()),
-                    "o": keys.ordering_values(rows.column(ordering)).cast(pa.int64()),
+        return _empty(len(ordering), stamped=stamped)
+    out = pa.table({"k": rows.column(_KEY).cast(pa.binary()), **_values(rows, ordering),
                     **({"at": stamp_seconds(rows)} if stamped else {})})
-    return _newest_per_key(out)
+    return _newest_per_key(out, len(ordering))
 
 
 def has_change_data_feed(table: DeltaTable) -> bool:
@@ -192,13 +229,14 @@ def read_changes(
     version: int,
     key_cols: Sequence[str],
     partition_cols: Sequence[str],
-    ordering: str,
+    ordering: str | Sequence[str],
     shard: int,
     num_shards: int,
 ) -> dict[str, dict[bytes, Entry]] | None:
     """Row-level changes of commit `version` for this shard, from the change data feed;
     None when they cannot be read (then the caller invalidates instead)."""
-    columns = [*key_cols, *partition_cols, ordering, "_change_type"]
+    ordering = _columns(ordering)
+    columns = [*key_cols, *partition_cols, *ordering, "_change_type"]
     try:
         data = pa.table(table.load_cdf(starting_version=version, ending_version=version, columns=columns))
     except Exception:  # CDF files cleaned up, or CDF was off at that version
@@ -208,11 +246,13 @@ def read_changes(
         return {}
     pids = keys.partition_ids(data, partition_cols).to_pylist()
     out: dict[str, dict[bytes, Entry]] = {}
-    for pid, (key, o), change in zip(pids, _pairs(data, ordering), data.column("_change_type").to_pylist()):
+    values = np.column_stack([v.to_numpy() for v in _values(data, ordering).values()]).tolist()
+    encoded = [k.encode() for k in data.column(_KEY).to_pylist()]
+    for pid, key, v, change in zip(pids, encoded, values, data.column("_change_type").to_pylist()):
         if change in _UPSERTS:
-            out.setdefault(pid, {})[key] = Entry(o, False)
+            out.setdefault(pid, {})[key] = Entry.of(v, False)
         elif change == _DELETE:
-            out.setdefault(pid, {})[key] = Entry(o, True)
+            out.setdefault(pid, {})[key] = Entry.of(v, True)
     return out
 
 
@@ -228,13 +268,6 @@ def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=()) -> pa.Tab
 
 
 _KEY = "__key"
-
-
-def _pairs(data: pa.Table | None, ordering: str) -> list[tuple[bytes, int]]:
-    if data is None or data.num_rows == 0:
-        return []
-    orderings = keys.ordering_values(data.column(ordering)).to_pylist()
-    return [(k.encode(), o) for k, o in zip(data.column(_KEY).to_pylist(), orderings)]
 
 
 def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:

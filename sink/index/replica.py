@@ -43,8 +43,15 @@ from rocksdict import (
 )
 
 from sink.errors import ReplicaLockedError
-from sink.index.entry import CHANGES_SCHEMA, Entry, pack_located_many, pack_many, unpack_located_many
-from sink.index.entry import SIZE as ENTRY_SIZE
+from sink.index.entry import (
+    Entry,
+    change_orderings,
+    changes_schema,
+    pack_located_many,
+    pack_many,
+    size,
+    unpack_located_many,
+)
 from sink.index.hot_tier import HotTier, tier_for
 
 log = logging.getLogger("sink.index")
@@ -65,12 +72,13 @@ _META_INVALIDATED = b"invalidated:"  # dropped by catch-up; its next load counts
 _SST_THRESHOLD = 20_000
 
 
-def changes_table(changes: Mapping[str, Mapping[bytes, Entry]]) -> pa.Table:
+def changes_table(changes: Mapping[str, Mapping[bytes, Entry]], width: int = 1) -> pa.Table:
     """Staged changes as the Arrow table `stage` takes, from pid -> key -> entry."""
-    rows = [(pid, key, e.ordering, e.deleted, e.deleted_at) for pid, entries in changes.items()
+    schema = changes_schema(width)
+    rows = [(pid, key, *e.values(), e.deleted, e.deleted_at) for pid, entries in changes.items()
             for key, e in entries.items()]
-    return pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(zip(*rows), CHANGES_SCHEMA)]
-                                if rows else [pa.array([], f.type) for f in CHANGES_SCHEMA], schema=CHANGES_SCHEMA)
+    return pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(zip(*rows), schema)]
+                                if rows else [pa.array([], f.type) for f in schema], schema=schema)
 
 
 def is_corruption(error: BaseException) -> bool:
@@ -93,12 +101,23 @@ def wipe_damaged(path: Path, error: BaseException) -> str:
 GLOBAL = "*global"
 
 
-def replica_spec(key_cols, partition_cols, ordering: str, scope: str = "partitioned") -> str:
+def replica_spec(key_cols, partition_cols, ordering: str | Sequence[str], scope: str = "partitioned") -> str:
     """What a replica's entries mean; a replica of another spec is rebuilt."""
-    spec = {"key": list(key_cols), "partition_by": list(partition_cols), "ordering": ordering}
+    columns = [ordering] if isinstance(ordering, str) else list(ordering)
+    spec = {"key": list(key_cols), "partition_by": list(partition_cols),
+            "ordering": columns[0] if len(columns) == 1 else columns}
     if scope != "partitioned":  # partitioned replicas keep the spec they had before scopes
         spec["scope"] = scope
     return json.dumps(spec)
+
+
+def ordering_width(spec: str | None) -> int:
+    """Ordering columns of a spec's entries (1 for no spec yet)."""
+    try:
+        ordering = json.loads(spec).get("ordering")
+    except (TypeError, ValueError, AttributeError):
+        return 1
+    return len(ordering) if isinstance(ordering, list) else 1
 
 
 def is_global(spec: str | None) -> bool:
@@ -153,6 +172,7 @@ class ShardReplica:
         self.tier = tier or HotTier(0)
         self.repaired: str | None = None  # why the replica was found damaged and wiped on open
         self._located: bool | None = None
+        self._width: int | None = None
         # Lookup counts of this open: distinct keys found in memory, in RocksDB, or not found.
         self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0}
         if not read_only:
@@ -176,6 +196,13 @@ class ShardReplica:
         if self._located is None:
             self._located = is_global(self.spec)
         return self._located
+
+    @property
+    def width(self) -> int:
+        """Ordering columns per entry."""
+        if self._width is None:
+            self._width = ordering_width(self.spec)
+        return self._width
 
     @property
     def clean(self) -> bool:
@@ -482,6 +509,7 @@ class ShardReplica:
         found: dict[bytes, str] = {}
         if not len(keys):
             return found
+        n = size(self.width)
         for pid in self.partitions():
             cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
             try:
@@ -489,7 +517,7 @@ class ShardReplica:
             finally:
                 del cf
             for key, own, raw in zip(keys, own_pids, raws):
-                if raw is not None and own != pid and key not in found and not Entry.unpack(raw[:ENTRY_SIZE]).deleted:
+                if raw is not None and own != pid and key not in found and not Entry.unpack(raw[:n]).deleted:
                     found[key] = pid
         return found
 
@@ -498,12 +526,14 @@ class ShardReplica:
 
     def entries(self, pid: str):
         """Every committed (key, entry) of a held partition, in key order (RocksDB only)."""
+        n = size(self.width)
         for key, raw in self._raw_items(pid):
-            yield key, Entry.unpack(raw[:ENTRY_SIZE])
+            yield key, Entry.unpack(raw[:n])
 
     def locations(self) -> dict[bytes, str]:
         """Global scope: every key's partition (RocksDB only)."""
-        return {key: raw[ENTRY_SIZE:].decode() for key, raw in self._raw_items(GLOBAL)}
+        n = size(self.width)
+        return {key: raw[n:].decode() for key, raw in self._raw_items(GLOBAL)}
 
     def _raw_items(self, pid: str):
         cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
@@ -529,12 +559,13 @@ class ShardReplica:
     def stage(self, batch_id: int, changes: pa.Table | Mapping[str, Mapping[bytes, Entry]],
               read_version: int | None = None) -> None:
         """Record what `batch_id`, tagged against table version `read_version`, changes
-        (CHANGES_SCHEMA rows), replacing what was staged before."""
+        (`changes_schema` rows), replacing what was staged before."""
+        schema = changes_schema(self.width)
         if not isinstance(changes, pa.Table):
-            changes = changes_table(changes)
+            changes = changes_table(changes, self.width)
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, CHANGES_SCHEMA) as writer:
-            writer.write_table(changes.cast(CHANGES_SCHEMA))
+        with pa.ipc.new_stream(sink, schema) as writer:
+            writer.write_table(changes.cast(schema))
         self._db[_META_STAGED_DATA] = sink.getvalue().to_pybytes()
         self._db[_META_STAGED_BATCH] = str(batch_id).encode()
         if read_version is None:
@@ -549,8 +580,10 @@ class ShardReplica:
     def staged(self) -> dict[str, dict[bytes, Entry]]:
         table = self._staged_table()
         out: dict[str, dict[bytes, Entry]] = {}
-        for row in ([] if table is None else table.to_pylist()):
-            out.setdefault(row["pid"], {})[row["key"]] = Entry(row["ordering"], row["deleted"], row["deleted_at"])
+        if table is None:
+            return out
+        for row, values in zip(table.to_pylist(), change_orderings(table).tolist()):
+            out.setdefault(row["pid"], {})[row["key"]] = Entry.of(values, row["deleted"], row["deleted_at"])
         return out
 
     def promote_staged(self) -> int:
@@ -561,13 +594,13 @@ class ShardReplica:
         return promoted
 
     def apply_changes(self, changes: pa.Table) -> int:
-        """Write committed entries (CHANGES_SCHEMA rows) into the partitions held; others are
+        """Write committed entries (`changes_schema` rows) into the partitions held; others are
         skipped (they load from the table, which already has the commit). Returns entries written."""
         applied = 0
         if self.located:
             if not changes.num_rows or not self.has_partition(GLOBAL):
                 return 0
-            raws = pack_located_many(changes.column("ordering").to_numpy(), changes.column("deleted").to_numpy(False),
+            raws = pack_located_many(change_orderings(changes), changes.column("deleted").to_numpy(False),
                                      changes.column("pid").to_pylist(), _deleted_at(changes))
             self.put_packed(GLOBAL, changes.column("key").to_pylist(), raws)
             return changes.num_rows
@@ -578,8 +611,7 @@ class ShardReplica:
                 if not self.has_partition(pid):
                     continue
                 rows = changes.filter(pa.array(codes == code))
-                raws = pack_many(rows.column("ordering").to_numpy(), rows.column("deleted").to_numpy(False),
-                                 _deleted_at(rows))
+                raws = pack_many(change_orderings(rows), rows.column("deleted").to_numpy(False), _deleted_at(rows))
                 self.put_packed(pid, rows.column("key").to_pylist(), raws)
                 applied += rows.num_rows
         return applied
@@ -610,13 +642,13 @@ class ShardReplica:
         if deletes:
             cf = self._db.get_column_family(PARTITION_CF_PREFIX + GLOBAL)  # not a lookup: not counted
             try:
-                *_, where = unpack_located_many(cf.get(list(deletes)))
+                *_, where = unpack_located_many(cf.get(list(deletes)), self.width)
             finally:
                 del cf
             deletes = {k: v for (k, v), loc in zip(deletes.items(), where) if loc is None or loc == v[0]}
         chosen = {**upserts, **deletes}
         if chosen:
-            raws = pack_located_many([e.ordering for _, e in chosen.values()], [e.deleted for _, e in chosen.values()],
+            raws = pack_located_many([e.values() for _, e in chosen.values()], [e.deleted for _, e in chosen.values()],
                                      [pid for pid, _ in chosen.values()], [e.deleted_at for _, e in chosen.values()])
             self.put_packed(GLOBAL, list(chosen), raws)
         return len(chosen)

@@ -24,14 +24,20 @@ _FIELDS = ("key", "partition_by", "ordering", "scope", "key_encoding")
 class Contract:
     key: tuple[str, ...]
     partition_by: tuple[str, ...]
-    ordering: str
+    ordering: str | tuple[str, ...]  # one column alone, several as a tuple
     scope: str
     key_encoding: str = KEY_ENCODING
 
     @classmethod
     def of(cls, config) -> Contract:
         """The contract a `SinkConfig` asks for."""
-        return cls(tuple(config.key), tuple(config.partition_by), config.ordering, config.scope)
+        columns = config.ordering_columns
+        return cls(tuple(config.key), tuple(config.partition_by), columns[0] if len(columns) == 1 else tuple(columns),
+                   config.scope)
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        return list(self.ordering) if isinstance(self.ordering, tuple) else [self.ordering]
 
     def properties(self) -> dict[str, str]:
         return {PREFIX + name: json.dumps(list(v) if isinstance(v, tuple) else v)
@@ -43,8 +49,10 @@ class Contract:
         if not any(k.startswith(PREFIX) for k in properties):
             return None
         values = {n: json.loads(properties.get(PREFIX + n) or "null") for n in _FIELDS}
-        return cls(tuple(values["key"] or ()), tuple(values["partition_by"] or ()), values["ordering"] or "",
-                   values["scope"] or "", values["key_encoding"] or "")
+        ordering = values["ordering"] or ""
+        return cls(tuple(values["key"] or ()), tuple(values["partition_by"] or ()),
+                   tuple(ordering) if isinstance(ordering, list) else ordering, values["scope"] or "",
+                   values["key_encoding"] or "")
 
     def differences(self, other: Contract) -> list[str]:
         """`name: this value, other value` for every field that differs."""

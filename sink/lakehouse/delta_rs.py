@@ -11,11 +11,12 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from sink import keys
 from sink.errors import ConfigError
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import CommitSummary, filesystem, read_commit
-from sink import keys
 from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, merge_predicate, partition_predicate, quote_ident
+from sink.ordering import newer_sql
 
 __all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
 
@@ -94,7 +95,7 @@ class DeltaTarget:
         self,
         rows: pa.Table,
         key_cols: Sequence[str],
-        ordering: str,
+        ordering: str | Sequence[str],
         app_id: str,
         batch_id: int,
         custom_metadata: Mapping[str, str],
@@ -177,10 +178,9 @@ class DeltaTarget:
         predicate = merge_predicate(key_cols, self.partition_by, partitions, types)
         columns = {quote_ident(f.name): f"s.{quote_ident(f.name)}" for f in schema}
         w = f"s.{quote_ident(WRITE_COLUMN)}"
-        o = quote_ident(ordering)
         # Guard on ordering too: the index already decided, this keeps a stale
         # replica from ever overwriting a newer row.
-        newer = f"t.{o} <= s.{o}" if incoming_wins_ties else f"t.{o} < s.{o}"
+        newer = newer_sql([ordering] if isinstance(ordering, str) else ordering, quote_ident, incoming_wins_ties)
         merge = (self.table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=props)
                  .when_matched_delete(predicate=f"{w} = 'delete' AND {newer}"))
         if partial:  # the first matching clause applies: partial updates keep stored values

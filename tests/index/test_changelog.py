@@ -12,7 +12,7 @@ HEADER = changelog.Header("table-id", "writer", 7, 4, "spec")
 
 
 def entries(rows):
-    return pa.Table.from_pylist([dict(zip(changelog.SCHEMA.names, r)) for r in rows], schema=changelog.SCHEMA)
+    return pa.Table.from_pylist([dict(zip(changelog.schema().names, r)) for r in rows], schema=changelog.schema())
 
 
 ROWS = [(2, "dt=a", b"k1", 5, False, 0), (0, "dt=a", b"k2", 6, True, 1_700_000_000), (2, "dt=b", b"k3", 7, False, 0),

@@ -165,3 +165,21 @@ def test_the_sink_creates_its_table_only_in_a_new_or_empty_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     DeltaTarget(str(tmp_path / "empty"), ["dt"]).open_or_create(SCHEMA, CONTRACT)
     assert DeltaTable.is_deltatable(str(tmp_path / "empty"))
+
+
+def test_the_merge_guard_compares_several_ordering_columns_in_order(tmp_path):
+    schema = pa.schema([("id", pa.string()), ("dt", pa.string()), ("ts", pa.int64()), ("seq", pa.int64()),
+                        ("v", pa.string())])
+    target = DeltaTarget(str(tmp_path / "t"), ["dt"])
+    target.open_or_create(schema, Contract(("id",), ("dt",), ("ts", "seq"), "partitioned"))
+
+    def write(batch, ts, seq, v, op):
+        data = pa.table({"id": ["a"], "dt": ["d1"], "ts": [ts], "seq": [seq], "v": [v], WRITE_COLUMN: [op]})
+        target.commit(data, ["id"], ["ts", "seq"], "w", batch, {}, incoming_wins_ties=True)
+        return [(r["ts"], r["seq"], r["v"]) for r in contents(target.uri)]
+
+    assert write(0, 5, 3, "first", "insert") == [(5, 3, "first")]
+    # Updates a stale index let through: older on the second column, or on the first.
+    assert write(1, 5, 2, "older seq", "update") == [(5, 3, "first")]
+    assert write(2, 4, 9, "older ts", "update") == [(5, 3, "first")]
+    assert write(3, 5, 4, "newer seq", "update") == [(5, 4, "newer seq")]
