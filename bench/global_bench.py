@@ -33,7 +33,7 @@ from bench.workloads import SCHEMA
 
 DAYS = 365
 TODAY = dt.date.today()
-_EPOCH_US = int(dt.datetime.combine(TODAY, dt.time(), dt.timezone.utc).timestamp() * 1e6)
+_EPOCH_US = int(dt.datetime.combine(TODAY, dt.time(), dt.UTC).timestamp() * 1e6)
 _DAY_US = 86_400 * 1_000_000
 _DATES = np.array([(TODAY - dt.timedelta(days=d)).isoformat() for d in range(DAYS)], dtype=object)
 

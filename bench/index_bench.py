@@ -26,7 +26,7 @@ from sink.index.replica import ShardReplica, replica_spec
 from sink.lakehouse.log import read_commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
-NOW = dt.datetime.now(dt.timezone.utc)
+NOW = dt.datetime.now(dt.UTC)
 SPEC = replica_spec(["id"], ["dt"], "event_time")
 
 

@@ -104,7 +104,7 @@ def main() -> None:
     params = QUICK if args.quick else FULL
     name = "quick" if args.quick else "full"
     started = time.perf_counter()
-    result = {"name": name, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    result = {"name": name, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
               "machine": machine(), "parameters": params}
     print(f"== tagging ({params['tag_index_keys']:,} keys indexed)", flush=True)
     result["tagging"] = tagging_bench.run(params["tag_index_keys"], params["batch_rows"], 200_000)

@@ -19,7 +19,7 @@ SCHEMA = pa.schema([
     ("op", pa.string()), ("amount", pa.float64()), ("payload", pa.string()),
 ])
 SPARK_SCHEMA = "id STRING, dt STRING, event_time TIMESTAMP, op STRING, amount DOUBLE, payload STRING"
-_EPOCH_US = int(dt.datetime.combine(TODAY, dt.time(), dt.timezone.utc).timestamp() * 1e6)
+_EPOCH_US = int(dt.datetime.combine(TODAY, dt.time(), dt.UTC).timestamp() * 1e6)
 _DAY_US = 86_400 * 1_000_000
 
 

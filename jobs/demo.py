@@ -48,7 +48,7 @@ def generate(landing: Path, state_file: Path, events: int, files: int) -> dict:
 
     def event(i: int, op: str, offset_s: float) -> dict:
         day = key_partition(i, anchor)
-        t = dt.datetime.combine(day, dt.time(), dt.timezone.utc) + dt.timedelta(seconds=offset_s)
+        t = dt.datetime.combine(day, dt.time(), dt.UTC) + dt.timedelta(seconds=offset_s)
         return {"event_id": f"evt-{i:09d}", "dt": day.isoformat(), "event_time": t.isoformat(),
                 "op": op, "user_id": f"user-{i % 5000}", "amount": round(rng.uniform(1, 500), 2),
                 "payload": f"run {run_no}"}

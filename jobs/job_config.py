@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from sink.config import SinkConfig
 from sink.errors import ConfigError

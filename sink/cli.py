@@ -62,7 +62,7 @@ def _context(args) -> Context:
 
 
 def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds")
 
 
 # --- inspect ----------------------------------------------------------------------------------

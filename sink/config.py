@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from sink.errors import ConfigError
 

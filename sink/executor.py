@@ -305,7 +305,8 @@ def _check_cross_partition(ctx: TaskContext, replica: ShardReplica, encoded: pa.
     stats["cross_partition_keys"] += len(found)
     if found and stats["cross_partition_example"] is None:
         key, stored = next(iter(found.items()))
-        stats["cross_partition_example"] = [key.decode("utf-8", "replace"), checked_pids[checked_keys.index(key)], stored]
+        own = checked_pids[checked_keys.index(key)]
+        stats["cross_partition_example"] = [key.decode("utf-8", "replace"), own, stored]
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from tests.oracle import SCHEMA, Event, expected_rows, random_events
 
-NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
 
 

@@ -11,7 +11,7 @@ from sink.index.entry import Entry
 from sink.index.replica import ShardReplica, replica_spec
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, SHARDS_PROPERTY
 
-TODAY = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+TODAY = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
 @pytest.fixture

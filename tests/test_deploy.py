@@ -4,10 +4,10 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 

@@ -13,7 +13,7 @@ from tests.oracle import verify_replicas
 
 pytestmark = pytest.mark.spark
 
-NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 SCHEMA = "id string, dt string, event_time timestamp, op string, v string"
 ARROW = pa.schema([("id", pa.string()), ("dt", pa.string()), ("event_time", pa.timestamp("us", tz="UTC")),
                    ("op", pa.string()), ("v", pa.string())])

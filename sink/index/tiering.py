@@ -91,7 +91,7 @@ def hot_partitions(
         day = rule.date_of(keys.partition_values(pid)) if rule else None
         if day is not None:
             if days > 0 and day >= first_day:
-                dated.append((dt.datetime.combine(day, dt.time(), dt.timezone.utc), pid))
+                dated.append((dt.datetime.combine(day, dt.time(), dt.UTC), pid))
         elif tier_max is not None:
             moment = _as_datetime(tier_max)
             if days > 0 and moment is not None and moment > since:
@@ -101,7 +101,7 @@ def hot_partitions(
 
 def _as_datetime(value: object) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     if isinstance(value, dt.date):
-        return dt.datetime.combine(value, dt.time(), dt.timezone.utc)
+        return dt.datetime.combine(value, dt.time(), dt.UTC)
     return None

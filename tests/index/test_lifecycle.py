@@ -16,7 +16,7 @@ from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER
 from sink.index.replica import ShardReplica
 from sink.lakehouse.log import read_commit
 
-NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 KEYS_PER_PARTITION = 40
 
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 from sink import keys
 from sink.index.tiering import DateRule, hot_partitions, resolve_date_rule
 
-NOW = dt.datetime(2025, 3, 1, 15, 30, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2025, 3, 1, 15, 30, tzinfo=dt.UTC)
 
 
 def test_rule_detection():
