@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sink.errors import ConfigError
+from sink.ordering import columns_of
 
 SCOPES = ("partitioned", "global")
 ENGINES = ("deltalake", "delta-spark")
@@ -193,7 +194,7 @@ class SinkConfig:
     @property
     def ordering_columns(self) -> list[str]:
         """The ordering columns, compared in this order."""
-        return list(self.ordering) if isinstance(self.ordering, list) else [self.ordering]
+        return columns_of(self.ordering)
 
     @property
     def resolved_writer_id(self) -> str:

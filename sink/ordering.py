@@ -18,6 +18,11 @@ import pyarrow.compute as pc
 from sink import columns as C
 
 
+def columns_of(ordering: str | Sequence[str]) -> list[str]:
+    """The ordering columns of an `ordering` value: one column's name, or several in order."""
+    return [ordering] if isinstance(ordering, str) else list(ordering)
+
+
 def helper_columns(width: int) -> list[str]:
     """The batch's helper columns carrying the ordering values (one per ordering column)."""
     return [C.ORDERING] + [f"{C.ORDERING}_{i}" for i in range(1, width)]

@@ -20,6 +20,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from sink.config import SinkConfig
 from sink.index.loader import TOMBSTONE_DELETED_AT, committed, stamp_seconds
+from sink.ordering import columns_of
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def latest_per_key(rows: pa.Table, key_cols: Sequence[str], ordering: str | Sequ
     if rows.num_rows < 2:
         return rows
     position = "__position"
-    ranking = [(c, "descending") for c in ([ordering] if isinstance(ordering, str) else ordering)]
+    ranking = [(c, "descending") for c in columns_of(ordering)]
     if TOMBSTONE_DELETED_AT in rows.column_names:
         ranking.append((TOMBSTONE_DELETED_AT, "descending"))
     ranked = rows.select([*key_cols, *(c for c, _ in ranking)]).append_column(

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sink.index.entry import changes_schema
+from sink.index.entry import changes_schema, width_of
 from sink.lakehouse.log import filesystem
 
 
@@ -54,7 +54,7 @@ def write(uri: str, version: int, header: Header, entries: pa.Table) -> None:
     complete."""
     fs, base = filesystem(uri)
     fs.create_dir(base, recursive=True)
-    layout = schema(_width(entries.column_names))
+    layout = schema(width_of(entries.column_names))
     entries = entries.select(layout.names).cast(layout).sort_by("shard")
     layout = layout.with_metadata({_HEADER: json.dumps(asdict(header)).encode()})
     final = f"{base}/{file_name(version)}"
@@ -81,17 +81,14 @@ def read(uri: str, version: int, header: Header, shard: int) -> pa.Table | None:
     with source:
         parquet = pq.ParquetFile(source)
         written = (parquet.schema_arrow.metadata or {}).get(_HEADER)
-        layout = schema(_width(parquet.schema_arrow.names))
+        layout = schema(width_of(parquet.schema_arrow.names))
         if written is None or json.loads(written) != asdict(header) or parquet.schema_arrow.names != layout.names:
             return None  # another writer's, or an older layout
         groups = [i for i in range(parquet.num_row_groups) if _may_hold(parquet.metadata.row_group(i), shard)]
         rows = parquet.read_row_groups(groups, columns=layout.names) if groups else layout.empty_table()
-    entries = changes_schema(_width(layout.names))
+    entries = changes_schema(width_of(layout.names))
     return rows.filter(pc.equal(rows.column("shard"), shard)).select(entries.names).cast(entries)
 
-
-def _width(names) -> int:
-    return sum(1 for n in names if n == "ordering" or n.startswith("ordering_"))
 
 
 def _may_hold(group: pq.RowGroupMetaData, shard: int) -> bool:

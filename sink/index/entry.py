@@ -46,9 +46,14 @@ def changes_schema(width: int = 1) -> pa.Schema:
 CHANGES_SCHEMA = changes_schema(1)
 
 
+def width_of(names: Sequence[str]) -> int:
+    """Ordering columns among a changes table's (or changelog file's) column names."""
+    return sum(1 for n in names if n == "ordering" or n.startswith("ordering_"))
+
+
 def change_orderings(changes: pa.Table) -> np.ndarray:
     """The (n, width) ordering values of a changes table."""
-    names = [n for n in changes.column_names if n == "ordering" or n.startswith("ordering_")]
+    names = ordering_names(width_of(changes.column_names))
     return np.column_stack([changes.column(n).to_numpy() for n in names]) if changes.num_rows else \
         np.zeros((0, len(names)), np.int64)
 

@@ -17,6 +17,7 @@ from sink.errors import PartitionLoadError
 from sink.index import tiering
 from sink.index.loader import read_global, read_partition
 from sink.index.replica import GLOBAL, ShardReplica
+from sink.ordering import columns_of
 
 log = logging.getLogger("sink.index")
 
@@ -33,7 +34,7 @@ class ShardSource:
     table: DeltaTable  # at the version the replica reflects
     tombstones: DeltaTable | None
     key_cols: tuple[str, ...]
-    ordering: str | tuple[str, ...]  # the ordering column(s)
+    ordering: str | tuple[str, ...]  # the ordering column, or several in order
     shard: int
     num_shards: int
     partition_cols: tuple[str, ...] = ()  # global scope: where each key lives
@@ -44,7 +45,7 @@ class ShardSource:
         """The table at `version` and the tombstone table, if there is one yet."""
         tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
         return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols),
-                   ordering if isinstance(ordering, str) else tuple(ordering), shard, num_shards, tuple(partition_cols))
+                   tuple(columns_of(ordering)), shard, num_shards, tuple(partition_cols))
 
     def read(self, pid: str) -> tuple[list[bytes], list[bytes]]:
         """Keys and packed entries of one partition, or of the whole shard for GLOBAL."""

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from sink import keys
 from sink.index.entry import Entry, pack_located_many, pack_many
 from sink.lakehouse.predicates import partition_predicate
-from sink.ordering import arrow_greater
+from sink.ordering import arrow_greater, columns_of
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 # Tombstone rows name the writer and batch that wrote them: they count once the table holds
@@ -40,7 +40,7 @@ def read_partition(
     """Keys and packed entries of partition `pid` for `shard`: live rows of `table` at its
     loaded version, overlaid with tombstones newer than the row (or of keys the table
     lacks). One entry per key; array operations throughout."""
-    ordering = _columns(ordering)
+    ordering = columns_of(ordering)
     types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
     predicate = partition_predicate(keys.partition_values(pid), types)
     columns = [*key_cols, *ordering]
@@ -106,7 +106,7 @@ def read_global(
     """Every key of `shard` in the table, with the partition it lives in, overlaid with
     tombstones as `read_partition` does (a delete of a key with no row stays where its
     delete record put it, "" when that named no partition)."""
-    ordering = _columns(ordering)
+    ordering = columns_of(ordering)
     columns = [*key_cols, *partition_cols, *ordering]
     live, spread = _located(pa.table(table.scan(columns=columns)), key_cols, partition_cols, ordering, shard,
                             num_shards)
@@ -134,10 +134,6 @@ def _located(data: pa.Table, key_cols, partition_cols, ordering: list[str], shar
                                                     or 0)
 
 
-def _columns(ordering: str | Sequence[str]) -> list[str]:
-    return [ordering] if isinstance(ordering, str) else list(ordering)
-
-
 def _value_names(width: int) -> list[str]:
     return ["o"] + [f"o_{i}" for i in range(1, width)]
 
@@ -158,9 +154,8 @@ def _empty(width: int, located: bool = False, stamped: bool = False) -> pa.Table
 
 
 def _newest_per_key(out: pa.Table, width: int) -> pa.Table:
-    """One row per key "k": the one with the highest ordering values (then the latest "at")."""
-    if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
-        return out
+    """One row per key "k" (which repeats): the one with the highest ordering values (then
+    the latest "at")."""
     ranking = [(n, "descending") for n in _value_names(width)]
     if "at" in out.column_names:
         ranking.append(("at", "descending"))
@@ -217,6 +212,8 @@ def _key_orderings(data: pa.Table, key_cols, ordering: list[str], shard, num_sha
         return _empty(len(ordering), stamped=stamped)
     out = pa.table({"k": rows.column(_KEY).cast(pa.binary()), **_values(rows, ordering),
                     **({"at": stamp_seconds(rows)} if stamped else {})})
+    if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
+        return out
     return _newest_per_key(out, len(ordering))
 
 
@@ -235,7 +232,7 @@ def read_changes(
 ) -> dict[str, dict[bytes, Entry]] | None:
     """Row-level changes of commit `version` for this shard, from the change data feed;
     None when they cannot be read (then the caller invalidates instead)."""
-    ordering = _columns(ordering)
+    ordering = columns_of(ordering)
     columns = [*key_cols, *partition_cols, *ordering, "_change_type"]
     try:
         data = pa.table(table.load_cdf(starting_version=version, ending_version=version, columns=columns))

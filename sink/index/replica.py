@@ -53,6 +53,7 @@ from sink.index.entry import (
     unpack_located_many,
 )
 from sink.index.hot_tier import HotTier, tier_for
+from sink.ordering import columns_of
 
 log = logging.getLogger("sink.index")
 
@@ -103,7 +104,7 @@ GLOBAL = "*global"
 
 def replica_spec(key_cols, partition_cols, ordering: str | Sequence[str], scope: str = "partitioned") -> str:
     """What a replica's entries mean; a replica of another spec is rebuilt."""
-    columns = [ordering] if isinstance(ordering, str) else list(ordering)
+    columns = columns_of(ordering)
     spec = {"key": list(key_cols), "partition_by": list(partition_cols),
             "ordering": columns[0] if len(columns) == 1 else columns}
     if scope != "partitioned":  # partitioned replicas keep the spec they had before scopes

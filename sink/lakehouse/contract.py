@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sink.keys import KEY_ENCODING
+from sink.ordering import columns_of
 
 PREFIX = "upsert_sink."
 _FIELDS = ("key", "partition_by", "ordering", "scope", "key_encoding")
@@ -37,7 +38,7 @@ class Contract:
 
     @property
     def ordering_columns(self) -> list[str]:
-        return list(self.ordering) if isinstance(self.ordering, tuple) else [self.ordering]
+        return columns_of(self.ordering)
 
     def properties(self) -> dict[str, str]:
         return {PREFIX + name: json.dumps(list(v) if isinstance(v, tuple) else v)

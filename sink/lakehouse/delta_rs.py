@@ -16,7 +16,7 @@ from sink.errors import ConfigError
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import CommitSummary, filesystem, read_commit
 from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, merge_predicate, partition_predicate, quote_ident
-from sink.ordering import newer_sql
+from sink.ordering import columns_of, newer_sql
 
 __all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
 
@@ -180,7 +180,7 @@ class DeltaTarget:
         w = f"s.{quote_ident(WRITE_COLUMN)}"
         # Guard on ordering too: the index already decided, this keeps a stale
         # replica from ever overwriting a newer row.
-        newer = newer_sql([ordering] if isinstance(ordering, str) else ordering, quote_ident, incoming_wins_ties)
+        newer = newer_sql(columns_of(ordering), quote_ident, incoming_wins_ties)
         merge = (self.table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=props)
                  .when_matched_delete(predicate=f"{w} = 'delete' AND {newer}"))
         if partial:  # the first matching clause applies: partial updates keep stored values
