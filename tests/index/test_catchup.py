@@ -1,9 +1,12 @@
+import dataclasses
+
 import pyarrow as pa
 import pytest
 
+from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.entry import CHANGES_SCHEMA, Entry
-from sink.index.replica import ShardReplica
+from sink.index.replica import ShardReplica, replica_spec
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY, CommitSummary
 
 WRITER = "w"
@@ -161,3 +164,22 @@ def test_own_commit_under_another_shard_count_is_treated_as_foreign(tmp_path):
         report = catch_up(r, 6, {6: own_commit(6, 3, num_shards=8, shards=(0,))}.get, WRITER, SHARD,
                           read_changelog=lambda v, b: pytest.fail("another sharding's changelog"), num_shards=4)
         assert report.invalidated == {"p1"}
+
+
+def test_entries_of_two_ordering_columns_arrive_through_the_changelog_and_staging(tmp_path):
+    spec = replica_spec(["id"], [], ["ts", "seq"])
+    uri = str(tmp_path / "changelog")
+    header = changelog.Header("table", WRITER, 3, 4, spec)
+    changelog.write(uri, 6, header, pa.table({
+        "shard": pa.array([SHARD], pa.int32()), "pid": ["p1"], "key": [b"k"], "ordering": [5], "ordering_1": [2],
+        "deleted": [True], "deleted_at": [1_700_000_000]}))
+    with ShardReplica.open(tmp_path / "r", spec) as r:
+        r.set_version(5)
+        r.load_partition("p1", [b"j", b"k"], [Entry((4, 9)), Entry((5, 1))], reason="on_demand")
+        r.stage(4, {"p1": {b"j": Entry((4, 10))}}, read_version=6)
+        log = {6: own_commit(6, 3, read_version=5, num_shards=4), 7: own_commit(7, 4, read_version=6, num_shards=4)}
+        report = catch_up(r, 7, log.get, WRITER, SHARD, num_shards=4,
+                          read_changelog=lambda v, b: changelog.read(uri, v, dataclasses.replace(header, batch_id=b),
+                                                                     SHARD))
+        assert (report.changelog_applied, report.promoted, report.invalidated) == (1, 1, set())
+        assert r.lookup("p1", [b"k", b"j"]) == [Entry((5, 2), True, 1_700_000_000), Entry((4, 10))]
