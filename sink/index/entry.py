@@ -18,6 +18,8 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from sink.ordering import stack
+
 SIZE = struct.calcsize("<q?q")  # with one ordering column
 
 
@@ -54,8 +56,7 @@ def width_of(names: Sequence[str]) -> int:
 def change_orderings(changes: pa.Table) -> np.ndarray:
     """The (n, width) ordering values of a changes table."""
     names = ordering_names(width_of(changes.column_names))
-    return np.column_stack([changes.column(n).to_numpy() for n in names]) if changes.num_rows else \
-        np.zeros((0, len(names)), np.int64)
+    return stack([changes.column(n) for n in names])
 
 
 class Entry(NamedTuple):

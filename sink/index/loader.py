@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from sink import keys
 from sink.index.entry import Entry, pack_located_many, pack_many
 from sink.lakehouse.predicates import partition_predicate
-from sink.ordering import arrow_greater, columns_of
+from sink.ordering import arrow_greater, columns_of, stack
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 # Tombstone rows name the writer and batch that wrote them: they count once the table holds
@@ -74,8 +74,7 @@ def _overlay(live: pa.Table, tomb: pa.Table, width: int, located: bool = False) 
 
 
 def _pack(rows: pa.Table, width: int) -> list[bytes]:
-    values = np.column_stack([rows.column(n).to_numpy() for n in _value_names(width)]) if rows.num_rows else \
-        np.zeros((0, width), np.int64)
+    values = stack([rows.column(n) for n in _value_names(width)])
     deleted = rows.column("deleted").to_numpy(zero_copy_only=False) if "deleted" in rows.column_names else False
     at = rows.column("at").to_numpy() if "at" in rows.column_names else 0
     if "l" in rows.column_names:
@@ -243,7 +242,7 @@ def read_changes(
         return {}
     pids = keys.partition_ids(data, partition_cols).to_pylist()
     out: dict[str, dict[bytes, Entry]] = {}
-    values = np.column_stack([v.to_numpy() for v in _values(data, ordering).values()]).tolist()
+    values = stack(list(_values(data, ordering).values())).tolist()
     encoded = [k.encode() for k in data.column(_KEY).to_pylist()]
     for pid, key, v, change in zip(pids, encoded, values, data.column("_change_type").to_pylist()):
         if change in _UPSERTS:
