@@ -163,3 +163,18 @@ def test_a_batch_appending_during_a_compaction_keeps_its_rows(spark, tmp_path, m
     monkeypatch.setattr(tombstones, "committed", append_meanwhile)
     assert compact(cfg, time.time()).rows_after == 1
     assert tombstone_rows(cfg) == [(1, 6, 1), (2, 1, 2)]
+
+
+def test_a_ttl_set_at_a_restart_expires_deletes_written_without_one(spark, tmp_path):
+    clock = Clock(T0)
+    sink = UpsertSink(config(tmp_path, tombstone_ttl_hours=None), clock=clock)
+    write(spark, sink, 0, [(1, "a", 1, "u"), (2, "b", 1, "u")])
+    write(spark, sink, 1, [(1, None, 5, "d")])
+    clock.t = T0 + 1.5 * HOUR
+    write(spark, sink, 2, [(2, None, 5, "d")])
+    sink.close()
+    clock.t = T0 + 2 * HOUR
+    restarted = UpsertSink(config(tmp_path, tombstone_ttl_hours=1), clock=clock)  # same replicas, now a TTL
+    report = write(spark, restarted, 3, [(1, "late", 3, "u"), (2, "late", 3, "u")])
+    assert (report.ops["insert"], report.ops["stale"]) == (1, 1)
+    assert rows_of(restarted.config.table_uri) == [(1, "late", 3)]
