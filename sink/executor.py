@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import tempfile
 import time
@@ -31,11 +32,21 @@ from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import read_changes
-from sink.index.replica import GLOBAL, ShardReplica, is_corruption, replica_path, replica_spec, wipe_damaged
+from sink.index.replica import (
+    GLOBAL,
+    ShardReplica,
+    is_corruption,
+    is_kept_open,
+    replica_path,
+    replica_spec,
+    wipe_damaged,
+)
 from sink.lakehouse.log import read_commit
 from sink.ordering import helper_columns
 from sink.partial import fold_nulls
 from sink.tagging import INSERT, tag, tag_global
+
+log = logging.getLogger("sink")
 
 INDEX_SUBDIR = "upsert-sink-index"
 QUARANTINED = "quarantined"
@@ -160,6 +171,32 @@ def tag_locally(ctx: TaskContext, records: pa.Table, threads: int) -> pa.Table:
         return pa.concat_tables([one(s) for s in shards or [None]])
     with ThreadPoolExecutor(max_workers=min(threads, len(shards))) as pool:
         return pa.concat_tables(list(pool.map(one, shards)))
+
+
+def catch_up_kept_open(ctx: TaskContext) -> dict:
+    """Tagging in this process: bring the shard replicas it keeps open to the batch's table
+    version, as each shard's tagging would do first (promote the last batch's staged entries,
+    apply other writers' commits). The sink runs it while it collects the batch's records,
+    which leaves the tagging only the lookups. A replica that fails here is left to its
+    shard's tagging, which repairs it or reports the error. Returns what it did, as a
+    tagging task's stats (no shard tagged)."""
+    stats = new_stats()
+    for shard in range(ctx.num_shards):
+        path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
+        if not is_kept_open(path):
+            continue
+        try:
+            with _replica(ctx, path) as replica:
+                prepare_replica(ctx, replica, shard, stats)
+        except Exception as e:
+            log.info("replica %s not caught up ahead of tagging (%s); its tagging catches it up",
+                     path, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return stats
+
+
+def stats_table(ctx: TaskContext, stats: dict) -> pa.Table:
+    """`stats` as the one-row table a tagging task ends its output with."""
+    return pa.Table.from_batches([_stats_batch(ctx.output_schema, stats)])
 
 
 def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:

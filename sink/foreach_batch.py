@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,7 +30,15 @@ from sink.errors import (
     SchemaError,
     WriterIdReusedError,
 )
-from sink.executor import LOAD_REASONS, QUARANTINED, TaskContext, tag_batches, tag_locally
+from sink.executor import (
+    LOAD_REASONS,
+    QUARANTINED,
+    TaskContext,
+    catch_up_kept_open,
+    stats_table,
+    tag_batches,
+    tag_locally,
+)
 from sink.index import changelog
 from sink.index.entry import ordering_names
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
@@ -57,7 +66,8 @@ OUTCOMES = (INSERT, UPDATE, DELETE, "delete_missing", STALE, "superseded", QUARA
 _OUTCOME_OF_WRITE = {INSERT: INSERT, UPDATE: UPDATE, DELETE: DELETE, TOMBSTONE: "delete_missing"}
 
 # Where a batch's time goes, in order. checks: schema, contract and replay checks; prepare:
-# planning the routed records; collect: the records into the driver (tag_on = "driver");
+# planning the routed records; collect: the records into the driver (tag_on = "driver"), while
+# the replicas kept open catch up;
 # tag: the tagging job (executors: route, shuffle, tasks and collect in one Spark job) or
 # threads; split: tags, counts and signals read from the output.
 PHASES = ("checks", "prepare", "collect", "tag", "split", "quarantine", "tombstones", "commit", "changelog",
@@ -375,10 +385,15 @@ class UpsertSink:
 
     def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema, report: BatchReport) -> pa.Table:
         if self._on_driver:
-            with report.timed("collect"):
-                records = prepared.toArrow()
-            with report.timed("tag"):
-                return tag_locally(ctx, records, os.cpu_count() or 1)
+            # The replicas catch up while Spark runs the batch's job (this thread only waits for its output).
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                with report.timed("collect"):
+                    ahead = pool.submit(catch_up_kept_open, ctx)
+                    records = prepared.toArrow()
+                with report.timed("tag"):
+                    caught_up = ahead.result()
+                    tagged = tag_locally(ctx, records, os.cpu_count() or 1)
+            return pa.concat_tables([tagged, stats_table(ctx, caught_up)])
         try:
             with report.timed("tag"):
                 return (

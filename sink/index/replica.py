@@ -666,6 +666,11 @@ def _deleted_at(changes: pa.Table):
 _KEPT_OPEN: dict[str, ShardReplica] = {}
 
 
+def is_kept_open(path: str | os.PathLike[str]) -> bool:
+    """Whether this process keeps the replica at `path` open (`acquire`)."""
+    return str(path) in _KEPT_OPEN
+
+
 def close_kept_open(under: Path | None = None) -> None:
     """Close the replicas `acquire` kept open (all of them at exit, so they are found clean
     next time; or those under one directory). One whose directory is gone, or that fails to
