@@ -186,7 +186,9 @@ def catch_up_kept_open(ctx: TaskContext) -> dict:
         if not is_kept_open(path):
             continue
         try:
-            with _replica(ctx, path) as replica:
+            # Not flushed: the shard's tagging flushes it next, and a flush here would compete
+            # with Spark's job for the CPU.
+            with _replica(ctx, path, flush=False) as replica:
                 prepare_replica(ctx, replica, shard, stats)
         except Exception as e:
             log.info("replica %s not caught up ahead of tagging (%s); its tagging catches it up",
@@ -347,7 +349,9 @@ def _check_cross_partition(ctx: TaskContext, replica: ShardReplica, encoded: pa.
 
 
 @contextmanager
-def _replica(ctx: TaskContext, path):
+def _replica(ctx: TaskContext, path, flush: bool = True):
+    """The shard's replica for one use; `flush`: a replica kept open is flushed after it, for
+    readers beside this process (python -m sink verify)."""
     options = {"hot_cache_entries": ctx.hot_cache_entries, "block_cache_bytes": ctx.block_cache_bytes}
     if not ctx.keep_open:
         with ShardReplica.open(path, ctx.spec, **options) as replica:
@@ -357,7 +361,8 @@ def _replica(ctx: TaskContext, path):
     try:
         yield replica
     finally:
-        replica.flush()  # what readers beside this process (python -m sink verify) see
+        if flush:
+            replica.flush()
 
 
 _SIZES: dict[str, tuple[float, dict]] = {}
