@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from sink import ordering
 from sink.index.entry import (
     Entry,
-    change_orderings,
     changes_schema,
+    entries_of_changes,
     expired,
     ordering_names,
     unpack_located_many,
@@ -57,11 +57,7 @@ class TagResult:
     location: pa.Array | None = None
 
     def changes_dict(self) -> dict[str, dict[bytes, Entry]]:
-        out: dict[str, dict[bytes, Entry]] = {}
-        rows = self.changes.to_pylist()
-        for row, values in zip(rows, change_orderings(self.changes).tolist()):
-            out.setdefault(row["pid"], {})[row["key"]] = Entry.of(values, row["deleted"], row["deleted_at"])
-        return out
+        return entries_of_changes(self.changes)
 
 
 Orderings = pa.Array | pa.ChunkedArray | Sequence[pa.Array]

@@ -84,6 +84,14 @@ class Entry(NamedTuple):
         return cls(values[0] if len(values) == 1 else values, bool(deleted), int(deleted_at))
 
 
+def entries_of_changes(changes: pa.Table) -> dict[str, dict[bytes, Entry]]:
+    """A changes table as partition id -> key -> entry."""
+    out: dict[str, dict[bytes, Entry]] = {}
+    for row, values in zip(changes.to_pylist(), change_orderings(changes).tolist()):
+        out.setdefault(row["pid"], {})[row["key"]] = Entry.of(values, row["deleted"], row["deleted_at"])
+    return out
+
+
 def pack_many(orderings: np.ndarray | Sequence[int], deleted: np.ndarray | Sequence[bool],
               deleted_at: np.ndarray | Sequence[int] | int = 0) -> list[bytes]:
     """Packed values of aligned ordering ((n,) or (n, width)) / deleted / deleted-at arrays."""

@@ -47,6 +47,7 @@ from sink.index.entry import (
     Entry,
     change_orderings,
     changes_schema,
+    entries_of_changes,
     pack_located_many,
     pack_many,
     size,
@@ -580,12 +581,7 @@ class ShardReplica:
 
     def staged(self) -> dict[str, dict[bytes, Entry]]:
         table = self._staged_table()
-        out: dict[str, dict[bytes, Entry]] = {}
-        if table is None:
-            return out
-        for row, values in zip(table.to_pylist(), change_orderings(table).tolist()):
-            out.setdefault(row["pid"], {})[row["key"]] = Entry.of(values, row["deleted"], row["deleted_at"])
-        return out
+        return {} if table is None else entries_of_changes(table)
 
     def promote_staged(self) -> int:
         """Move staged entries into the committed view. Returns entries promoted."""
