@@ -18,3 +18,8 @@ PARTIAL = "__sink_partial"  # ignore_null_updates: the write keeps stored values
 PREFIX = "__sink_"
 # The row a tagging task adds to report its counters.
 STATS_OP = "_stats"
+
+
+def stream_columns(names: list[str]) -> list[str]:
+    """Of these column names, the stream's own: all but the sink's helper columns."""
+    return [n for n in names if not n.startswith(PREFIX)]

@@ -304,12 +304,12 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         stats["cached_bytes"] += sum(b for _, b in sizes.values())
     stats["shard_ids"].append(shard)
     stats["tag_seconds"] += time.perf_counter() - started
-    kept = [n for n in rows.column_names if not n.startswith(C.PREFIX)] + [
+    kept = C.stream_columns(rows.column_names) + [
         C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.ordering))]
     partial = pa.nulls(rows.num_rows, pa.bool_())
     if ctx.ignore_null_updates:
         keys_only = (*ctx.key_cols, *ctx.partition_cols, *ctx.ordering)
-        values = [n for n in rows.column_names if not n.startswith(C.PREFIX) and n not in keys_only]
+        values = [n for n in C.stream_columns(rows.column_names) if n not in keys_only]
         groups = inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
         rows, partial = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write)
     return (

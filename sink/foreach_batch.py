@@ -475,9 +475,7 @@ class UpsertSink:
             report.mode = "none"
             report.table_version = self._target.version()
             return
-        helpers = [C.OP, C.HIT, C.STATS, C.WRITE, C.REASON, C.DELETE, C.KEY, C.SHARD, C.STORED_AT, C.LOCATION,
-                   C.PARTIAL, *helper_columns(len(cfg.ordering_columns))]
-        rows = writes.drop_columns(helpers).append_column(WRITE_COLUMN, writes.column(C.WRITE))
+        rows = writes.select(C.stream_columns(writes.column_names)).append_column(WRITE_COLUMN, writes.column(C.WRITE))
         if cfg.ignore_null_updates:
             rows = rows.append_column(PARTIAL_COLUMN, writes.column(C.PARTIAL))
         outcome = self._target.commit(
