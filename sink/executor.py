@@ -135,7 +135,7 @@ def new_stats() -> dict:
         "shard_ids": [], "loads": dict.fromkeys(LOAD_REASONS, 0), "load_seconds": 0.0, "loaded_keys": 0,
         "commits_read": 0, "invalidated": 0, "evicted": 0, "rebuilt": 0, "replicas_repaired": 0, "shard_moves": 0,
         "changelog_applied": 0,
-        "lookups": {"memory": 0, "rocksdb": 0, "miss": 0}, "partitions_held": 0, "cached_records": 0,
+        "lookups": {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}, "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
         "cross_partition_checked": 0, "cross_partition_keys": 0, "cross_partition_example": None,
     }

@@ -84,6 +84,7 @@ class BatchReport:
     hits: int = 0
     misses: int = 0
     memory_hits: int = 0  # of the hits, answered by the in-memory tier
+    filter_misses: int = 0  # of the misses, answered by the global keyspace's key filter
     partition_loads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOAD_REASONS, 0))
     load_seconds: float = 0.0
     loaded_keys: int = 0
@@ -422,6 +423,7 @@ class UpsertSink:
             report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
         report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
         report.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
+        report.filter_misses = sum(s["lookups"].get("filter", 0) for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(report, name, sum(s[name] for s in stats_rows))

@@ -103,7 +103,8 @@ def publish(sink: str, report) -> None:
         RECORDS.labels(sink, op).inc(n)
     LOOKUPS.labels(sink, "hit", "memory").inc(report.memory_hits)
     LOOKUPS.labels(sink, "hit", "rocksdb").inc(report.hits - report.memory_hits)
-    LOOKUPS.labels(sink, "miss", "rocksdb").inc(report.misses)
+    LOOKUPS.labels(sink, "miss", "rocksdb").inc(report.misses - report.filter_misses)
+    LOOKUPS.labels(sink, "miss", "filter").inc(report.filter_misses)
     for reason, n in report.partition_loads.items():
         PARTITION_LOADS.labels(sink, reason).inc(n)
     SHARD_MOVES.labels(sink).inc(report.shard_moves)

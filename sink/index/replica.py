@@ -10,6 +10,10 @@ Entries a batch will change are staged apart (one Arrow blob under the batch id)
 the commit carrying that batch is seen in the Delta log; then they are promoted. An
 in-process LRU (the memory tier) answers repeated lookups before RocksDB.
 
+A global-scope replica also keeps a membership filter of its keys (`sink.index.key_filter`)
+in memory, saved beside RocksDB at a clean close under the close's token: a lookup asks it
+first, so the many new keys of a batch skip RocksDB.
+
 WAL is off (the replica is rebuildable from the table). A `dirty` flag, persisted
 on open and cleared after a full flush on close, tells a replica left by a killed
 process: it is wiped, since memtable contents were lost with it.
@@ -28,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rocksdict import (
@@ -54,6 +59,7 @@ from sink.index.entry import (
     unpack_located_many,
 )
 from sink.index.hot_tier import HotTier, tier_for
+from sink.index.key_filter import KeyFilter, hashes
 from sink.ordering import columns_of
 
 log = logging.getLogger("sink.index")
@@ -70,6 +76,8 @@ _META_DIRTY = b"dirty"
 _META_TOKEN = b"token"  # new at every clean close: tells a process its memory tier is current
 _META_PART = b"part:"
 _META_INVALIDATED = b"invalidated:"  # dropped by catch-up; its next load counts as caused by that
+# The global keyspace's key filter, saved at a clean close (valid under the token it names).
+KEY_FILTER_FILE = "keys.filter"
 # Above this many entries a partition load goes through an SST file and ingest.
 _SST_THRESHOLD = 20_000
 
@@ -175,8 +183,10 @@ class ShardReplica:
         self.repaired: str | None = None  # why the replica was found damaged and wiped on open
         self._located: bool | None = None
         self._width: int | None = None
-        # Lookup counts of this open: distinct keys found in memory, in RocksDB, or not found.
-        self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0}
+        self._key_filter: KeyFilter | None = None  # global keyspace: loaded on first use
+        # Lookup counts of this open: distinct keys found in memory, in RocksDB, not found by
+        # RocksDB, or not found by the global keyspace's key filter.
+        self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}
         if not read_only:
             write_opts = WriteOptions()
             write_opts.disable_wal = True
@@ -281,6 +291,7 @@ class ShardReplica:
             return
         self.flush()
         token = os.urandom(8)
+        self._save_key_filter(token)
         self._db[_META_TOKEN] = token
         self._db[_META_DIRTY] = b"0"
         self._db.flush()
@@ -396,6 +407,8 @@ class ShardReplica:
                     self._db.write(batch)
             finally:
                 del cf
+            if pid == GLOBAL:
+                self._key_filter = KeyFilter.build(hashes(keys))
             info = PartitionInfo(loaded_entries=len(keys), loaded_at=now, last_access=now, reason=reason)
             self._db[_META_PART + pid.encode()] = json.dumps(info.__dict__).encode()
             self._delete_meta(_META_INVALIDATED + pid.encode())
@@ -417,6 +430,8 @@ class ShardReplica:
         """Forget partition `pid`; `invalidated`: because a commit changed it (counted when
         it loads again)."""
         self.tier.drop_partition(pid)
+        if pid == GLOBAL:
+            self._forget_key_filter()
         self._delete_meta(_META_PART + pid.encode())
         if invalidated:
             self._db[_META_INVALIDATED + pid.encode()] = b"1"
@@ -426,6 +441,7 @@ class ShardReplica:
     def drop_all(self) -> None:
         """Forget every partition and staged entry (the replica then reloads on demand)."""
         self.tier.clear()
+        self._forget_key_filter()
         for name in self._cf_names():
             if name.startswith(PARTITION_CF_PREFIX):
                 self._db.drop_column_family(name)
@@ -480,8 +496,21 @@ class ShardReplica:
     # --- lookups -----------------------------------------------------------------------------
 
     def lookup_packed(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Committed packed entries of `keys` in a held partition: memory tier first, then one
-        RocksDB multi-get for the rest (staged entries are not visible)."""
+        """Committed packed entries of `keys` in a held partition: in the global keyspace the
+        key filter first, then the memory tier, then one RocksDB multi-get for the rest
+        (staged entries are not visible)."""
+        if pid != GLOBAL or not len(keys):
+            return self._lookup_tiers(pid, keys)
+        maybe = np.flatnonzero(self._global_key_filter().may_contain(hashes(keys)))
+        self.lookups["filter"] += len(keys) - len(maybe)
+        if len(maybe) == len(keys):
+            return self._lookup_tiers(pid, keys)
+        raws: list[bytes | None] = [None] * len(keys)
+        for i, raw in zip(maybe.tolist(), self._lookup_tiers(pid, [keys[i] for i in maybe.tolist()])):
+            raws[i] = raw
+        return raws
+
+    def _lookup_tiers(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
         if not len(keys):
             return []
         raws = self.tier.get_many(pid, keys)
@@ -545,13 +574,68 @@ class ShardReplica:
             del cf
 
     def put_packed(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
-        """Write committed entries into a held partition (and its memory tier)."""
+        """Write committed entries into a held partition (and its memory tier, and in the
+        global keyspace its key filter)."""
+        if pid == GLOBAL and len(keys):
+            self._global_key_filter().add(hashes(keys))
         batch = WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid))
         for key, raw in zip(keys, raws):
             batch.put(key, raw)
         self._db.write(batch)
         self.tier.put_many(pid, keys, raws)
+        if pid == GLOBAL and self._key_filter is not None and self._key_filter.full:
+            self._key_filter = self._scanned_key_filter()
+
+    # --- the global keyspace's key filter ------------------------------------------------------
+
+    def _global_key_filter(self) -> KeyFilter:
+        """The filter of every key in the global keyspace: the one saved at the last clean
+        close if the replica still carries that close's token, else built by a scan."""
+        if self._key_filter is None:
+            self._key_filter = self._saved_key_filter() or self._scanned_key_filter()
+        return self._key_filter
+
+    def _saved_key_filter(self) -> KeyFilter | None:
+        if self.read_only and not self.clean:
+            return None  # a process has it open: its keys may have changed since the last close
+        token = self._db.get(_META_TOKEN)
+        try:
+            raw = (self.path / KEY_FILTER_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+        return None if token is None else KeyFilter.from_bytes(raw, token)
+
+    def _scanned_key_filter(self) -> KeyFilter:
+        cf = self._db.get_column_family(PARTITION_CF_PREFIX + GLOBAL)
+        try:
+            built = KeyFilter.build(hashes(list(cf.keys())))
+        finally:
+            del cf
+        log.info("replica %s: key filter built from its %d keys", self.path, built.keys)
+        return built
+
+    def key_filter_bytes(self) -> int:
+        """Memory of the global keyspace's key filter (0 without a global keyspace)."""
+        if not self.located or not self.has_partition(GLOBAL):
+            return 0
+        return self._global_key_filter().nbytes
+
+    def _save_key_filter(self, token: bytes) -> None:
+        """Save the filter under the token the close is about to write (re-stamp the saved one
+        when this open did not use it). A replica without the global keyspace keeps none."""
+        path = self.path / KEY_FILTER_FILE
+        saved = self._key_filter or (self._saved_key_filter() if self.has_partition(GLOBAL) else None)
+        if saved is None or not self.has_partition(GLOBAL):
+            path.unlink(missing_ok=True)
+            return
+        part = path.with_suffix(".part")
+        part.write_bytes(saved.to_bytes(token))
+        os.replace(part, path)
+
+    def _forget_key_filter(self) -> None:
+        self._key_filter = None
+        (self.path / KEY_FILTER_FILE).unlink(missing_ok=True)
 
     def put_entries(self, pid: str, entries: Mapping[bytes, Entry]) -> None:
         self.put_packed(pid, list(entries), [e.pack() for e in entries.values()])
