@@ -149,15 +149,17 @@ class GlobalHandWrittenMerge:
          .execute())
 
 
-def index_memory(index_dir: Path) -> int:
-    """RocksDB's in-memory bloom filters and index blocks of every replica under `index_dir`."""
+def index_memory(index_dir: Path) -> tuple[int, int]:
+    """(RocksDB's in-memory bloom filters and index blocks, the key filters) of every replica
+    under `index_dir`, in bytes."""
     from sink.index.replica import ShardReplica
 
-    total = 0
+    rocksdb = key_filters = 0
     for path in index_dir.glob("*/shard-*"):
         with ShardReplica.open_read_only(path) as replica:
-            total += replica.reader_memory_bytes()
-    return total
+            rocksdb += replica.reader_memory_bytes()
+            key_filters += replica.key_filter_bytes()
+    return rocksdb, key_filters
 
 
 def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, spread: bool,
@@ -182,17 +184,21 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
     sink = UpsertSink(cfg)
     seconds = stream(spark, landing, case / "sink" / "cp", sink)
     reports = sink.reports
+    sink.close()  # saves the key filters
     keys = expected.num_rows  # the index also holds the few deleted keys' tombstones
+    rocksdb_memory, key_filter_memory = index_memory(case / "sink" / "index")
     out["sink"] = {
         "batch_seconds": [round(s, 3) for s in seconds], "median_after_first": round(median_after_first(seconds), 3),
         **report_figures(reports),
         "ops": [r.ops for r in reports],
         # No partition loads after bootstrap: the keyspace is exact, so none is a false positive.
         "loads_after_bootstrap": sum(sum(r.partition_loads.values()) for r in reports[1:]),
-        "index_memory_bytes_per_key": round(index_memory(case / "sink" / "index") / keys, 3),
+        "index_memory_bytes_per_key": round(rocksdb_memory / keys, 3),
+        "key_filter_bytes_per_key": round(key_filter_memory / keys, 3),
+        # New keys the key filter let through to RocksDB, which did not hold them, per batch.
+        "key_filter_false_positives": [r.misses - r.filter_misses for r in reports],
         "table_equal_to_oracle": _sorted(DeltaTable(str(uri)).to_pyarrow_table()).equals(expected),
     }
-    sink.close()
     shutil.rmtree(case / "sink")
 
     uri = case / "baseline" / "table"
@@ -217,7 +223,9 @@ def run(spark, work: Path, sizes: list[int], batches: int, batch_rows: int, log=
                 f"{result['baseline']['median_after_first']}s ({result['ratio_baseline_over_sink']}x); "
                 f"equal to the oracle: {result['sink']['table_equal_to_oracle']}/"
                 f"{result['baseline']['table_equal_to_oracle']}; index memory "
-                f"{result['sink']['index_memory_bytes_per_key']} B/key")
+                f"{result['sink']['index_memory_bytes_per_key']} B/key, key filter "
+                f"{result['sink']['key_filter_bytes_per_key']} B/key, its false positives per batch "
+                f"{result['sink']['key_filter_false_positives']}")
             log(f"  sink phases (s): {breakdown(result['sink']['phases'])}")
             results.append(result)
     return results

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 
@@ -52,15 +53,17 @@ def markdown(result: dict) -> str:
                      + " | ".join(f"{v:.2f}" for v in shown)
                      + f" | {other:.2f} | {c['sink']['median_after_first']:.2f} |")
     if result.get("global"):
-        lines += ["", "| global scope | table rows | MERGE on the key alone | sink | sink commit | index memory per key "
-                  "| partition loads after bootstrap | tables equal to the oracle |",
-                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+        lines += ["", "| global scope | table rows | MERGE on the key alone | sink | sink commit "
+                  "| index memory per key | key filter per key | its false positives per batch | partition loads after bootstrap "
+                  "| tables equal to the oracle |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for c in result["global"]:
             sink = c["sink"]
             lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
                          f"{c['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
                          f"({c['ratio_baseline_over_sink']:.2f}x) | {sink['phases'].get('commit', 0.0):.2f} s | "
-                         f"{sink['index_memory_bytes_per_key']} B | {sink['loads_after_bootstrap']} | "
+                         f"{sink['index_memory_bytes_per_key']} B | {_key_filter(sink)} | "
+                         f"{sink['loads_after_bootstrap']} | "
                          f"{sink['table_equal_to_oracle'] and c['baseline']['table_equal_to_oracle']} |")
     lines += ["", "| table rows | append | MERGE, pruned (sink) | MERGE, unpruned |", "|---:|---:|---:|---:|"]
     for c in result["commit"]:
@@ -87,3 +90,11 @@ def markdown(result: dict) -> str:
 
 if __name__ == "__main__":
     print(markdown(json.loads(open(sys.argv[1]).read())))
+
+
+def _key_filter(sink: dict) -> str:
+    """Key filter bytes per key and its median false positives per batch (results before it: n/a)."""
+    if "key_filter_bytes_per_key" not in sink:
+        return "n/a | n/a"
+    false_positives = statistics.median(sink["key_filter_false_positives"][1:] or [0])
+    return f"{sink['key_filter_bytes_per_key']} B | {false_positives:.0f}"
