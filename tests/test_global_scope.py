@@ -11,6 +11,7 @@ from deltalake import DeltaTable, write_deltalake
 from prometheus_client import REGISTRY
 
 from sink import ContractMismatchError, SinkConfig, UpsertSink
+from sink.index.replica import KEY_FILTER_FILE
 from tests.oracle import SCHEMA, Event, expected_global_rows, random_global_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -73,6 +74,26 @@ def test_the_key_filter_answers_new_keys_and_the_metrics_say_so(spark, tmp_path)
     assert value(result="miss", tier="rocksdb") == 0
     assert value(result="hit", tier="memory") + value(result="hit", tier="rocksdb") == 1
     assert [r.filter_misses for r in sink.reports] == [3, 1]
+
+
+def test_a_damaged_or_restored_key_filter_file_is_rebuilt_and_the_stream_stays_exact(spark, tmp_path):
+    """The replica closes after every batch (executor tagging), so each batch reads the saved
+    filter: one truncated, then one restored from an earlier batch (it lacks keys added since)."""
+    cfg = config(tmp_path, num_shards=1, tag_on="executors", hot_cache_entries=0)
+    batches = random_global_batches(31, batches=5, per_batch=250, keys=400)
+    sink = UpsertSink(cfg)
+    for b, events in enumerate(batches):
+        saved = next((tmp_path / "index").glob(f"*/shard-0-of-1/{KEY_FILTER_FILE}"), None)
+        if b == 2:
+            earlier = saved.read_bytes()
+        if b == 3:
+            saved.write_bytes(saved.read_bytes()[:-64])
+        if b == 4:
+            saved.write_bytes(earlier)
+        sink(frame(spark, events), b)
+        assert rows(cfg.table_uri) == expected_global_rows(batches[: b + 1]), f"after batch {b}"
+        assert sink.reports[-1].filter_misses > 0
+    assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
 
 
 def test_a_newer_record_moves_its_key_and_a_stale_one_never_does(spark, tmp_path):
