@@ -423,7 +423,7 @@ class UpsertSink:
             report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
         report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
         report.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
-        report.filter_misses = sum(s["lookups"].get("filter", 0) for s in stats_rows)
+        report.filter_misses = sum(s["lookups"]["filter"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(report, name, sum(s[name] for s in stats_rows))

@@ -625,8 +625,9 @@ class ShardReplica:
         """Save the filter under the token the close is about to write (re-stamp the saved one
         when this open did not use it). A replica without the global keyspace keeps none."""
         path = self.path / KEY_FILTER_FILE
+        # A filter in memory implies the keyspace is held: dropping it forgets the filter.
         saved = self._key_filter or (self._saved_key_filter() if self.has_partition(GLOBAL) else None)
-        if saved is None or not self.has_partition(GLOBAL):
+        if saved is None:
             path.unlink(missing_ok=True)
             return
         part = path.with_suffix(".part")
