@@ -189,8 +189,12 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
             for pid in sorted(replica.partitions()):
                 if pid == GLOBAL:
                     read = read_global(table, None, cfg.key, cfg.partition_by, cfg.ordering_columns, shard, of)
-                    keys, raws = read.keys, [raw[:entry_bytes] for raw in read.raws]
-                    problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in read.raws))),
+                    keys, located = [], []
+                    for chunk_keys, chunk_raws in read.chunks():
+                        keys += chunk_keys
+                        located += chunk_raws
+                    raws = [raw[:entry_bytes] for raw in located]
+                    problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in located))),
                                            replica.locations())
                 else:
                     keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering_columns, shard, of)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -47,18 +47,20 @@ class ShardSource:
         return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols),
                    tuple(columns_of(ordering)), shard, num_shards, tuple(partition_cols))
 
-    def read(self, pid: str) -> tuple[list[bytes], list[bytes]]:
-        """Keys and packed entries of one partition, or of the whole shard for GLOBAL."""
+    def read(self, pid: str) -> Iterable[tuple[list[bytes], list[bytes]]]:
+        """Keys and packed entries of one partition (one chunk), or of the whole shard for
+        GLOBAL (in chunks: a keyspace of tens of millions of keys never exists as Python
+        objects at once)."""
         if pid != GLOBAL:
-            return read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
-                                  self.num_shards)
+            return [read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
+                                   self.num_shards)]
         read = read_global(self.table, self.tombstones, self.key_cols, self.partition_cols, self.ordering,
                            self.shard, self.num_shards)
         if read.keys_in_several_partitions:
             log.warning("shard %s: %s key(s) have rows in several partitions of %s (scope = 'global' keeps one "
                         "row per key); the index follows each key's newest row", self.shard,
                         read.keys_in_several_partitions, self.table.table_uri)
-        return read.keys, read.raws
+        return read.chunks()
 
 
 @dataclass
@@ -86,9 +88,7 @@ def load_partitions(
         error: Exception | None = None
         for _ in range(LOAD_ATTEMPTS):
             try:
-                keys, raws = source.read(pid)
-                replica.load_packed(pid, keys, raws, reason=reason_of(pid), now=now)
-                return len(keys)
+                return replica.load_chunks(pid, source.read(pid), reason=reason_of(pid), now=now)
             except Exception as e:  # retried, then reported with the partition's name
                 error = e
         raise PartitionLoadError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,9 @@ TOMBSTONE_BATCH = "_tombstone_batch_id"
 # When the batch deleted the key (its start, UTC); rows from before the column count as
 # deleted at the epoch, i.e. expired under any tombstone_ttl_hours.
 TOMBSTONE_DELETED_AT = "_tombstone_deleted_at"
+# Keys per chunk a global keyspace is packed and written in: bounds the Python objects a
+# load holds at once (a whole 25M-key shard as Python bytes would take ~10 GB).
+LOAD_CHUNK_KEYS = 1_000_000
 # Change types that leave a row in the table, and the one that removes it.
 _UPSERTS = ("insert", "update_postimage")
 _DELETE = "delete"
@@ -84,13 +87,21 @@ def _pack(rows: pa.Table, width: int) -> list[bytes]:
 
 @dataclass
 class GlobalRead:
-    """One shard's whole keyspace (global scope): keys, located packed entries, and how many
-    keys the table holds in several partitions (the newest row wins; that table breaks the
-    scope's promise, e.g. written before it or by another tool)."""
+    """One shard's whole keyspace (global scope): one row per key, sorted by key ("k", the
+    ordering values, "l": its partition, "deleted", "at"), and how many keys the table holds
+    in several partitions (the newest row wins; that table breaks the scope's promise, e.g.
+    written before it or by another tool)."""
 
-    keys: list[bytes]
-    raws: list[bytes]
+    rows: pa.Table
     keys_in_several_partitions: int
+    width: int
+
+    def chunks(self, size: int = LOAD_CHUNK_KEYS) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """Keys and located packed entries, `size` keys at a time, in key order (chunks are
+        disjoint, ascending key ranges)."""
+        for start in range(0, self.rows.num_rows, size):
+            part = self.rows.slice(start, size)
+            yield part.column("k").to_pylist(), _pack(part, self.width)
 
 
 def read_global(
@@ -104,33 +115,38 @@ def read_global(
 ) -> GlobalRead:
     """Every key of `shard` in the table, with the partition it lives in, overlaid with
     tombstones as `read_partition` does (a delete of a key with no row stays where its
-    delete record put it, "" when that named no partition)."""
+    delete record put it, "" when that named no partition). The table is read batch by
+    batch, keeping only this shard's keys as Arrow columns."""
     ordering = columns_of(ordering)
+    width = len(ordering)
     columns = [*key_cols, *partition_cols, *ordering]
-    live, spread = _located(pa.table(table.scan(columns=columns)), key_cols, partition_cols, ordering, shard,
-                            num_shards)
+    parts = [_located(pa.Table.from_batches([batch]), key_cols, partition_cols, ordering, shard, num_shards)
+             for batch in pa.RecordBatchReader.from_stream(table.scan(columns=columns))]
+    live, spread = _one_per_key(pa.concat_tables([_empty(width, located=True), *parts]), width)
     if tombstones is not None:
-        tomb, _ = _located(committed_tombstones(table, tombstones, None, columns), key_cols, partition_cols,
-                           ordering, shard, num_shards, stamped=True)
-        live = _overlay(live, tomb, len(ordering), located=True)
-    return GlobalRead(live.column("k").to_pylist(), _pack(live, len(ordering)), spread)
+        tomb, _ = _one_per_key(_located(committed_tombstones(table, tombstones, None, columns), key_cols,
+                                        partition_cols, ordering, shard, num_shards, stamped=True), width)
+        live = _overlay(live, tomb, width, located=True)
+    return GlobalRead(live.take(pc.sort_indices(live, [("k", "ascending")])), spread, width)
 
 
 def _located(data: pa.Table, key_cols, partition_cols, ordering: list[str], shard, num_shards,
-             stamped: bool = False) -> tuple[pa.Table, int]:
-    """(k, values, l: partition id[, at: deleted-at seconds]) of this shard's rows, one per key
-    (its highest ordering), and the number of keys found in several partitions."""
+             stamped: bool = False) -> pa.Table:
+    """(k, values, l: partition id[, at: deleted-at seconds]) of this shard's rows."""
     rows = _shard_rows(data, key_cols, shard, num_shards, extra=partition_cols)
     if rows is None:
-        return _empty(len(ordering), located=True, stamped=stamped), 0
-    out = pa.table({"k": rows.column(_KEY).cast(pa.binary()), **_values(rows, ordering),
-                    "l": keys.partition_ids(rows, partition_cols),
-                    **({"at": stamp_seconds(rows)} if stamped else {})})
+        return _empty(len(ordering), located=True, stamped=stamped)
+    return pa.table({"k": rows.column(_KEY).cast(pa.binary()), **_values(rows, ordering),
+                     "l": keys.partition_ids(rows, partition_cols),
+                     **({"at": stamp_seconds(rows)} if stamped else {})})
+
+
+def _one_per_key(out: pa.Table, width: int) -> tuple[pa.Table, int]:
+    """One row per key (its highest ordering), and the number of keys found in several partitions."""
     if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
         return out, 0
     per_key = pa.table({"k": out.column("k"), "l": out.column("l")}).group_by("k").aggregate([("l", "count_distinct")])
-    return _newest_per_key(out, len(ordering)), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py()
-                                                    or 0)
+    return _newest_per_key(out, width), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py() or 0)
 
 
 def _value_names(width: int) -> list[str]:

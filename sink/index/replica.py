@@ -391,27 +391,42 @@ class ShardReplica:
         self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes], reason: str, now: float | None = None
     ) -> None:
         """Replace partition `pid` with exactly these entries; visible only once complete."""
+        self.load_chunks(pid, [(keys, raws)], reason, now)
+
+    def load_chunks(
+        self, pid: str, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]], reason: str,
+        now: float | None = None,
+    ) -> int:
+        """Replace partition `pid` with the entries of every (keys, raws) chunk, written one
+        chunk at a time (chunks hold distinct keys); visible only once complete. Returns the
+        number of entries."""
         now = time.time() if now is None else now
         with self._lock:
             self.drop_partition(pid)
             cf_name = PARTITION_CF_PREFIX + pid
             cf = self._db.create_column_family(cf_name, _options(self._block_cache_bytes))
+            loaded, key_hashes = 0, []
             try:
-                if len(keys) >= _SST_THRESHOLD:
-                    self._ingest_sorted(cf, keys, raws)
-                elif len(keys):
-                    batch = WriteBatch(raw_mode=True)
-                    batch.set_default_column_family(self._db.get_column_family_handle(cf_name))
-                    for k, raw in zip(keys, raws):
-                        batch.put(k, raw)
-                    self._db.write(batch)
+                for keys, raws in chunks:
+                    if len(keys) >= _SST_THRESHOLD:
+                        self._ingest_sorted(cf, keys, raws)
+                    elif len(keys):
+                        batch = WriteBatch(raw_mode=True)
+                        batch.set_default_column_family(self._db.get_column_family_handle(cf_name))
+                        for k, raw in zip(keys, raws):
+                            batch.put(k, raw)
+                        self._db.write(batch)
+                    loaded += len(keys)
+                    if pid == GLOBAL:
+                        key_hashes.append(hashes(keys))
             finally:
                 del cf
             if pid == GLOBAL:
-                self._key_filter = KeyFilter.build(hashes(keys))
-            info = PartitionInfo(loaded_entries=len(keys), loaded_at=now, last_access=now, reason=reason)
+                self._key_filter = KeyFilter.build(np.concatenate([np.zeros(0, np.uint64), *key_hashes]))
+            info = PartitionInfo(loaded_entries=loaded, loaded_at=now, last_access=now, reason=reason)
             self._db[_META_PART + pid.encode()] = json.dumps(info.__dict__).encode()
             self._delete_meta(_META_INVALIDATED + pid.encode())
+        return loaded
 
     def _ingest_sorted(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
         order = pc.sort_indices(pa.array(keys, pa.binary())).to_numpy()

@@ -237,3 +237,29 @@ def test_dropping_the_keyspace_drops_its_key_filter(path):
         other, other_raws = _located(10, "other")
         r.load_packed(GLOBAL, other, other_raws, reason="bootstrap")
         assert r.lookup_packed(GLOBAL, held[:5] + other) == [None] * 5 + other_raws
+
+
+def test_a_keyspace_loaded_in_chunks_holds_every_chunk_and_its_filter_every_key(path):
+    # A chunk past the SST threshold (ingested as a file) between two written in a batch.
+    chunks = [_located(500, "a"), _located(25_000, "b"), _located(700, "c")]
+    with ShardReplica.open(path, GLOBAL_SPEC) as r:
+        assert r.load_chunks(GLOBAL, iter(chunks), reason="bootstrap") == 26_200
+        assert r.partitions()[GLOBAL].loaded_entries == 26_200
+        held = [k for keys, _ in chunks for k in keys]
+        assert r.lookup_packed(GLOBAL, held) == [raw for _, raws in chunks for raw in raws]
+        assert r.lookups["filter"] == 0  # no held key is ever answered "absent" by the filter
+
+
+def test_a_chunked_load_that_fails_midway_leaves_no_keyspace_and_a_retry_loads_it_whole(path):
+    first, second = _located(300, "a"), _located(300, "b")
+
+    def failing():
+        yield first
+        raise OSError("scan interrupted")
+
+    with ShardReplica.open(path, GLOBAL_SPEC) as r:
+        with pytest.raises(OSError, match="scan interrupted"):
+            r.load_chunks(GLOBAL, failing(), reason="bootstrap")
+        assert not r.has_partition(GLOBAL)
+        assert r.load_chunks(GLOBAL, iter([first, second]), reason="bootstrap") == 600
+        assert r.lookup_packed(GLOBAL, first[0] + second[0]) == first[1] + second[1]
