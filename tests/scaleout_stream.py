@@ -1,11 +1,12 @@
-"""The scale-out stream: late events with deletes and replays over a seeded table, tagged by
+"""The scale-out streams: late events with deletes and replays over a seeded table, tagged by
 executors that each keep their replicas in their own local directory, checked against the
-oracle after every batch.
+oracle after every batch. Streams: "plain" and "cdf" (partitioned scope, without and with
+the change data feed), "global" (scope "global": moves, key-only deletes, re-sends).
 
 One Spark application per process (a second SparkContext cannot start beside the tests'
 session), so it runs as a child process and writes its result as JSON:
 
-    python -m tests.scaleout_stream --master 'local-cluster[2,1,1024]' --cdf --out result.json
+    python -m tests.scaleout_stream --master 'local-cluster[2,1,1024]' --work w --out result.json
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-from tests.oracle import SCHEMA, Event, expected_rows, random_events
+from tests.oracle import SCHEMA, Event, expected_global_rows, expected_rows, random_events, random_global_batches
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
+STREAMS = ("plain", "cdf", "global")
 
 
 def day(d: int) -> str:
@@ -56,18 +58,26 @@ def seed_table(uri: str, events: list[Event], cdf: bool) -> None:
                     configuration={"delta.enableChangeDataFeed": "true"} if cdf else None)
 
 
-def run_stream(spark, work: Path, cdf: bool, keys: int, batches: int, per_batch: int, num_shards: int,
+def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch: int, num_shards: int,
                replay_batch: int | None = 4) -> dict:
+    """One of STREAMS. The global one moves the seeded keys into other partitions, deletes
+    some by key alone and re-sends earlier records."""
     from sink import SinkConfig, UpsertSink
 
+    scope = "global" if name == "global" else "partitioned"
     cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
-                     delete_when="op = 'd'", writer_id=f"scaleout-{'cdf' if cdf else 'plain'}",
+                     delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
                      num_shards=num_shards, metrics_port=0, bootstrap_days=7)
     seed = seed_events(keys)
-    seed_table(cfg.table_uri, seed, cdf)
-    stream = late_batches(11, keys, batches, per_batch, delete_share=0.02)
+    seed_table(cfg.table_uri, seed, cdf=name == "cdf")
+    if scope == "global":
+        stream = random_global_batches(11, batches, per_batch, 2 * keys)  # half the keys new
+        expected = expected_global_rows
+    else:
+        stream = late_batches(11, keys, batches, per_batch, delete_share=0.02)
+        expected = expected_rows
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
-    out = {"cdf": cdf, "batches": [], "exact": True}
+    out = {"stream": name, "batches": [], "exact": True}
     for b, events in enumerate(stream):
         # Executors read the batch from a file, as from a stream's source.
         landing = work / "landing" / f"batch-{b}.parquet"
@@ -81,15 +91,15 @@ def run_stream(spark, work: Path, cdf: bool, keys: int, batches: int, per_batch:
             sink(df, b)  # handed again after a crash before the checkpoint: skipped
             assert sink.reports[-1].mode == "skipped", sink.reports[-1].mode
         r = sink.reports[-2 if b == replay_batch else -1]
-        exact = table_rows(cfg.table_uri) == expected_rows([seed, *stream[: b + 1]])
+        exact = table_rows(cfg.table_uri) == expected([seed, *stream[: b + 1]])
         out["exact"] &= exact
         out["batches"].append({
             "batch": b, "exact": exact, "seconds": round(seconds, 3), "mode": r.mode,
             "loads": r.partition_loads, "shard_moves": r.shard_moves,
             "changelog_applied": r.changelog_applied, "replicas_rebuilt": r.replicas_rebuilt,
-            "invalidated": r.invalidated, "ops": r.ops,
+            "invalidated": r.invalidated, "ops": r.ops, "misses": r.misses, "filter_misses": r.filter_misses,
         })
-        print(f"cdf={cdf} batch {b}: exact={exact} {r.summary()} moves={r.shard_moves} "
+        print(f"{name} batch {b}: exact={exact} {r.summary()} moves={r.shard_moves} "
               f"changelog={r.changelog_applied} rebuilt={r.replicas_rebuilt} loads={r.partition_loads}",
               file=sys.stderr, flush=True)
     return out
@@ -100,8 +110,7 @@ def main() -> None:
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--work", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--feeds", default="off,on",
-                        help="streams to run, in order: 'off' and/or 'on' for the change data feed")
+    parser.add_argument("--streams", default=",".join(STREAMS), help=f"streams to run, in order, of {STREAMS}")
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--per-batch", type=int, default=15_000)
@@ -122,9 +131,10 @@ def main() -> None:
     work = Path(args.work)
     results = []
     try:
-        for cdf in [feed == "on" for feed in args.feeds.split(",")]:
-            results.append(run_stream(spark, work / ("cdf" if cdf else "plain"), cdf, args.keys, args.batches,
-                                      args.per_batch, args.shards))
+        for name in args.streams.split(","):
+            if name not in STREAMS:
+                raise SystemExit(f"--streams: {name!r} is not one of {STREAMS}")
+            results.append(run_stream(spark, work / name, name, args.keys, args.batches, args.per_batch, args.shards))
     finally:
         spark.stop()
     Path(args.out).write_text(json.dumps({"master": args.master, "streams": results}, indent=1))

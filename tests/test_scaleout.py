@@ -52,9 +52,10 @@ def test_every_shard_moving_every_batch_catches_up_from_the_changelog(spark, tmp
 
 @pytest.fixture(scope="module")
 def two_executors(tmp_path_factory) -> list[dict]:
-    """The scale-out stream, with and without the change data feed, on Spark's local-cluster:
-    two executor JVMs, each keeping its replicas under its own local dir (the default
-    index dir), as on two machines. One application, in a child process."""
+    """The scale-out streams (partitioned scope with and without the change data feed, global
+    scope) on Spark's local-cluster: two executor JVMs, each keeping its replicas under its
+    own local dir (the default index dir), as on two machines. One application, in a child
+    process."""
     work = tmp_path_factory.mktemp("two-executors")
     out = work / "result.json"
     run = subprocess.run([sys.executable, "-m", "tests.scaleout_stream", "--master", "local-cluster[2,1,1024]",
@@ -65,9 +66,9 @@ def two_executors(tmp_path_factory) -> list[dict]:
     return json.loads(out.read_text())["streams"]
 
 
-@pytest.mark.parametrize("cdf", [False, True])
-def test_two_executors_stay_exact_and_load_only_what_a_new_replica_needs(two_executors, cdf):
-    stream = next(s for s in two_executors if s["cdf"] == cdf)
+@pytest.mark.parametrize("name", ["plain", "cdf"])
+def test_two_executors_stay_exact_and_load_only_what_a_new_replica_needs(two_executors, name):
+    stream = next(s for s in two_executors if s["stream"] == name)
     assert [b["exact"] for b in stream["batches"]] == [True] * len(stream["batches"])
     for b in stream["batches"]:
         assert b["invalidated"] == 0 and b["loads"]["invalidated"] == 0, b
@@ -77,9 +78,22 @@ def test_two_executors_stay_exact_and_load_only_what_a_new_replica_needs(two_exe
 
 
 def test_two_executors_moved_shards_and_caught_up_from_the_changelog(two_executors):
-    batches = [b for s in two_executors for b in s["batches"]]
-    assert sum(b["shard_moves"] for b in batches) > 0
-    assert sum(b["changelog_applied"] for b in batches) > 0
-    # Replicas are per executor: a shard's replica is created once on each executor it runs on.
     for stream in two_executors:
-        assert 4 <= sum(b["replicas_rebuilt"] for b in stream["batches"]) <= 8
+        assert sum(b["shard_moves"] for b in stream["batches"]) > 0, stream["stream"]
+        assert sum(b["changelog_applied"] for b in stream["batches"]) > 0, stream["stream"]
+        # Replicas are per executor: a shard's replica is created once on each executor it runs on.
+        assert 4 <= sum(b["replicas_rebuilt"] for b in stream["batches"]) <= 8, stream["stream"]
+
+
+def test_two_executors_keep_a_global_stream_exact_with_the_key_filter_answering_new_keys(two_executors):
+    """Scope "global" on two executors: moves, key-only deletes and re-sends stay exact while
+    shards move and catch up from the changelog, whose writes go through each replica's key
+    filter (saved with the replica on its executor, read back at the next open)."""
+    stream = next(s for s in two_executors if s["stream"] == "global")
+    batches = stream["batches"]
+    assert [b["exact"] for b in batches] == [True] * len(batches)
+    assert all(b["invalidated"] == 0 for b in batches)
+    assert sum(b["ops"]["delete"] for b in batches) > 0 and sum(b["ops"]["quarantined"] for b in batches) == 0
+    # Half the stream's keys are new: the filter answers them, but for its rare false positives.
+    missed, filtered = sum(b["misses"] for b in batches), sum(b["filter_misses"] for b in batches)
+    assert filtered >= 0.95 * missed > 0
