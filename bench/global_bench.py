@@ -8,6 +8,7 @@ today; 0.01% key-only deletes of keys of any age. `spread`: the adversarial case
 keys of any age. Both tables end equal to an independent oracle (pyarrow, not Spark).
 
     python -m bench.global_bench --sizes 1000000 10000000 --batches 4 --out r.json
+    python -m bench.global_bench --sizes 50000000 --batches 5 --workloads global --out r50.json
 """
 
 from __future__ import annotations
@@ -214,9 +215,13 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
     return out
 
 
-def run(spark, work: Path, sizes: list[int], batches: int, batch_rows: int, log=print) -> list[dict]:
+WORKLOADS = ("global", "global-spread")
+
+
+def run(spark, work: Path, sizes: list[int], batches: int, batch_rows: int, log=print,
+        workloads: tuple[str, ...] = WORKLOADS) -> list[dict]:
     results = []
-    for spread in (False, True):
+    for spread in [w == "global-spread" for w in workloads]:
         for rows in sizes:
             result = run_case(spark, work, rows, batches, batch_rows, spread)
             log(f"{result['workload']} {rows:,}: sink {result['sink']['median_after_first']}s, baseline "
@@ -236,6 +241,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", required=True)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--batch-rows", type=int, default=100_000)
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     from jobs.spark_session import spark_session
@@ -245,7 +251,7 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="sink-global-"))
     try:
-        results = run(spark, work, args.sizes, args.batches, args.batch_rows)
+        results = run(spark, work, args.sizes, args.batches, args.batch_rows, workloads=tuple(args.workloads))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     spark.stop()
