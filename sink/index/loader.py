@@ -24,7 +24,7 @@ TOMBSTONE_BATCH = "_tombstone_batch_id"
 # deleted at the epoch, i.e. expired under any tombstone_ttl_hours.
 TOMBSTONE_DELETED_AT = "_tombstone_deleted_at"
 # Keys per chunk a global keyspace is packed and written in: bounds the Python objects a
-# load holds at once (a whole 25M-key shard as Python bytes would take ~10 GB).
+# load holds at once (a 5M-key shard read whole peaked at 4.0 GB, in chunks at 1.3 GB).
 LOAD_CHUNK_KEYS = 1_000_000
 # Change types that leave a row in the table, and the one that removes it.
 _UPSERTS = ("insert", "update_postimage")
