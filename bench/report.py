@@ -88,13 +88,13 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(markdown(json.loads(open(sys.argv[1]).read())))
-
-
 def _key_filter(sink: dict) -> str:
     """Key filter bytes per key and its median false positives per batch (results before it: n/a)."""
     if "key_filter_bytes_per_key" not in sink:
         return "n/a | n/a"
     false_positives = statistics.median(sink["key_filter_false_positives"][1:] or [0])
     return f"{sink['key_filter_bytes_per_key']} B | {false_positives:.0f}"
+
+
+if __name__ == "__main__":
+    print(markdown(json.loads(open(sys.argv[1]).read())))
