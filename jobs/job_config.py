@@ -11,7 +11,10 @@ from typing import Any
 from sink.config import SinkConfig
 from sink.errors import ConfigError
 
-SOURCE_FORMATS = ("json", "parquet")
+SOURCE_FORMATS = ("json", "csv", "parquet")
+# Text formats Spark reads PERMISSIVE: a value that does not parse becomes a null unless the
+# schema has a corrupt-record column to keep the raw text in.
+TEXT_FORMATS = ("json", "csv")
 
 
 @dataclass
@@ -23,6 +26,9 @@ class SourceConfig:
     format: str = "json"
     max_files_per_trigger: int | None = None
     options: dict[str, str] = field(default_factory=dict)
+    # JSON and CSV: read with the sink's corrupt-record column, so a record with a value that did
+    # not parse goes to quarantine with its raw text instead of writing nulls over stored data.
+    corrupt_records: bool = True
 
     def __post_init__(self) -> None:
         if self.format not in SOURCE_FORMATS:
@@ -31,6 +37,8 @@ class SourceConfig:
             )
         if not isinstance(self.schema, str) or not self.schema.strip():
             raise ConfigError("source.schema must be a Spark DDL string, e.g. 'id STRING, ts TIMESTAMP'")
+        if not isinstance(self.corrupt_records, bool):
+            raise ConfigError(f"source.corrupt_records must be true or false, got {self.corrupt_records!r}")
         if self.max_files_per_trigger is not None and (
             not isinstance(self.max_files_per_trigger, int) or self.max_files_per_trigger < 1
         ):

@@ -1,4 +1,4 @@
-"""The streaming job: a landing directory of JSON/Parquet files -> UpsertSink -> Delta.
+"""The streaming job: a landing directory of JSON/CSV/Parquet files -> UpsertSink -> Delta.
 
     spark-submit jobs/upsert_stream.py --config conf/sink.toml [--once]
     python -m jobs.upsert_stream --config conf/sink.toml --trigger-seconds 30
@@ -15,16 +15,34 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobs.job_config import JobConfig, load_job_config  # noqa: E402
+from pyspark.sql.types import StringType, StructType  # noqa: E402
+
+from jobs.job_config import TEXT_FORMATS, JobConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import UpsertSink  # noqa: E402
 
 log = logging.getLogger("jobs.upsert_stream")
 
 
+def source_schema(cfg: JobConfig) -> tuple[StructType, dict[str, str]]:
+    """The source's schema and reader options: for JSON and CSV (unless source.corrupt_records
+    is off) with the sink's corrupt-record column, which PERMISSIVE reading fills with the raw
+    text of a record that did not parse (instead of only nulling its bad values)."""
+    src = cfg.source
+    schema = StructType.fromDDL(src.schema)
+    options = dict(src.options)
+    if src.format in TEXT_FORMATS and src.corrupt_records:
+        name = cfg.sink.corrupt_record_column
+        if name not in schema.fieldNames():
+            schema = schema.add(name, StringType(), True)
+        options["columnNameOfCorruptRecord"] = name
+    return schema, options
+
+
 def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
     src = cfg.source
-    reader = spark.readStream.format(src.format).schema(src.schema).options(**src.options)
+    schema, options = source_schema(cfg)
+    reader = spark.readStream.format(src.format).schema(schema).options(**options)
     if src.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
     stream = reader.load(src.path)

@@ -32,6 +32,13 @@ class SinkConfig:
     # Stream columns that route and classify records (e.g. an op code) but are not stored.
     except_columns: list[str] = field(default_factory=list)
     delete_when: str | None = None
+    # Spark SQL boolean expression for records that must not be written (value rules the user
+    # knows, e.g. "total_cents < 0"): they go to quarantine with the expression as the reason.
+    quarantine_when: str | None = None
+    # Spark's corrupt-record column (the reader's columnNameOfCorruptRecord): when the stream
+    # has it, records where it is set (a value that did not parse as its type, which PERMISSIVE
+    # reading turns into a null; a malformed line) go to quarantine with their raw text. Never stored.
+    corrupt_record_column: str = "_corrupt_record"
     # Partial updates: an update's null columns keep the stored value (a delete still removes the row).
     ignore_null_updates: bool = False
     scope: str = "partitioned"
@@ -142,6 +149,12 @@ class SinkConfig:
                               "ordering columns, which the table must store")
         if self.delete_when is not None:
             _require_str("delete_when", self.delete_when)
+        if self.quarantine_when is not None:
+            _require_str("quarantine_when", self.quarantine_when)
+        _require_str("corrupt_record_column", self.corrupt_record_column)
+        if self.corrupt_record_column in needed:
+            raise ConfigError(f"corrupt_record_column {self.corrupt_record_column!r} is a key, partition or ordering "
+                              "column; it names Spark's column for the raw text of records that did not parse")
         _require_bool("ignore_null_updates", self.ignore_null_updates)
         if self.num_shards is not None:
             _require_int("num_shards", self.num_shards, 1, 4096)
@@ -195,6 +208,11 @@ class SinkConfig:
     def ordering_columns(self) -> list[str]:
         """The ordering columns, compared in this order."""
         return columns_of(self.ordering)
+
+    @property
+    def unstored_columns(self) -> list[str]:
+        """Stream columns the table never stores: except_columns and the corrupt-record column."""
+        return [*self.except_columns, self.corrupt_record_column]
 
     @property
     def resolved_writer_id(self) -> str:

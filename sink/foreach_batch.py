@@ -195,12 +195,14 @@ class UpsertSink:
         if stored:
             raise SchemaError(f"except_columns {stored} are columns {cfg.table_uri} stores: the sink never leaves a "
                               "stored column empty; remove them from except_columns, or from the table first")
-        return added_columns(self._stored_schema(df), table, roles, cfg.schema_evolution)
+        return added_columns(self._stored_schema(df, table.names), table, roles, cfg.schema_evolution)
 
-    def _stored_schema(self, df: DataFrame) -> pa.Schema:
-        """The stream's columns the table stores: all but `except_columns`."""
+    def _stored_schema(self, df: DataFrame, table_columns: list[str] = ()) -> pa.Schema:
+        """The stream's columns the table stores: all but `except_columns` and the corrupt-record
+        column (kept where `table_columns` already has it: a table created before the sink knew it)."""
         schema = to_arrow_schema(df.schema, timezone="UTC")
-        return pa.schema([f for f in schema if f.name not in self.config.except_columns])
+        unstored = set(self.config.unstored_columns) - ({self.config.corrupt_record_column} & set(table_columns))
+        return pa.schema([f for f in schema if f.name not in unstored])
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()

@@ -31,6 +31,11 @@ def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
     missing = [c for c in cfg.except_columns if c not in types]
     if missing:
         raise SchemaError(f"except_columns {missing} are not in the stream; the stream's columns are {sorted(types)}")
+    corrupt = cfg.corrupt_record_column
+    if corrupt in types and types[corrupt] != "string":
+        raise SchemaError(f"corrupt_record_column {corrupt!r} has type {types[corrupt]} in the stream; Spark's "
+                          "corrupt-record column is a string (set corrupt_record_column to another name if this "
+                          "column is data)")
     clashing = [n for n in types if n.startswith(C.PREFIX)]
     if clashing:
         raise SchemaError(f"column(s) {clashing} use the sink's reserved prefix {C.PREFIX!r}")
@@ -39,15 +44,15 @@ def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
 def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
     """`validate_schema` plus analysis of `delete_when` against the stream's columns."""
     validate_schema(cfg, df.schema)
-    if cfg.delete_when:
+    for name, expr in (("delete_when", cfg.delete_when), ("quarantine_when", cfg.quarantine_when)):
+        if not expr:
+            continue
         try:
-            result = df.select(F.expr(cfg.delete_when)).schema.fields[0].dataType
+            result = df.select(F.expr(expr)).schema.fields[0].dataType
         except Exception as e:
-            raise SchemaError(f"delete_when = {cfg.delete_when!r} does not apply to the stream: {e}") from e
+            raise SchemaError(f"{name} = {expr!r} does not apply to the stream: {e}") from e
         if not isinstance(result, BooleanType):
-            raise SchemaError(
-                f"delete_when = {cfg.delete_when!r} must be a boolean expression, it gives {result.typeName()}"
-            )
+            raise SchemaError(f"{name} = {expr!r} must be a boolean expression, it gives {result.typeName()}")
 
 
 def sql_string(value: str) -> str:
@@ -60,7 +65,13 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
     An empty string partition value is refused too: Delta stores it as NULL, so the row
     would not come back under the value it was written with."""
     col = keys.quoted_column
-    checks = [(f"{col(c)} IS NULL", f"null key column {c}") for c in cfg.key]
+    checks = []
+    if cfg.corrupt_record_column in schema.fieldNames():
+        # First: PERMISSIVE reading nulls what did not parse, so every later check would mislead.
+        checks.append((f"{col(cfg.corrupt_record_column)} IS NOT NULL",
+                       f"corrupt record: {cfg.corrupt_record_column} holds its raw text (a value that did not parse "
+                       "as its schema type, or a malformed line)"))
+    checks += [(f"{col(c)} IS NULL", f"null key column {c}") for c in cfg.key]
     # In global scope the index knows where a key lives: a delete needs no partition.
     upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.scope == "global" and cfg.delete_when else ""
     for c in cfg.partition_by:
@@ -68,6 +79,8 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
         if isinstance(schema[c].dataType, StringType):
             checks.append((f"{col(c)} = ''", f"empty partition value {c} (Delta stores it as NULL)"))
     checks += [(f"{col(c)} IS NULL", f"null ordering column {c}") for c in cfg.ordering_columns]
+    if cfg.quarantine_when:
+        checks.append((f"coalesce(({cfg.quarantine_when}), false)", f"quarantine_when: {cfg.quarantine_when}"))
     whens = " ".join(f"WHEN {failed} THEN {sql_string(why)}" for failed, why in checks)
     return f"CASE {whens} ELSE CAST(NULL AS STRING) END"
 

@@ -78,8 +78,8 @@ def test_job_fails_before_the_first_batch_when_a_column_is_missing(spark, tmp_pa
 
 def test_job_config_errors_name_the_key(tmp_path):
     conf = tmp_path / "sink.toml"
-    conf.write_text(CONFIG.replace('format = "json"', 'format = "csv"'))
-    accepted = r"source.format = 'csv' is not accepted; accepted values: \['json', 'parquet'\]"
+    conf.write_text(CONFIG.replace('format = "json"', 'format = "avro"'))
+    accepted = r"source.format = 'avro' is not accepted; accepted values: \['json', 'csv', 'parquet'\]"
     with pytest.raises(ConfigError, match=accepted):
         load_job_config(conf)
     conf.write_text(CONFIG + "\n[job]\ntrigger = 5\n")
