@@ -30,7 +30,7 @@ from sink import keys
 from sink.arrival import arrival
 from sink.index import changelog
 from sink.index.catchup import catch_up
-from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
+from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions, table_partitions
 from sink.index.loader import read_changes
 from sink.index.replica import (
     GLOBAL,
@@ -44,6 +44,7 @@ from sink.index.replica import (
 from sink.lakehouse.log import read_commit
 from sink.ordering import helper_columns
 from sink.partial import fold_nulls
+from sink.placement import AMBIGUOUS, PLACEMENTS, place_deletes, unplaced_deletes
 from sink.tagging import INSERT, tag, tag_global
 
 log = logging.getLogger("sink")
@@ -88,11 +89,20 @@ class TaskContext:
     cross_partition_check: int = 0  # new keys per shard checked against the other held partitions
     ignore_null_updates: bool = False  # an update's null columns keep the stored value (sink.partial)
     tombstone_ttl_hours: int | None = None  # stored deletes older than this count as absent
+    deletes: bool = False  # the stream marks deletes (delete_when)
 
     @property
     def expire_before(self) -> int | None:
         """Deletes stamped before this (seconds since the epoch) have expired; None: never."""
         return None if self.tombstone_ttl_hours is None else int(self.now) - self.tombstone_ttl_hours * 3600
+
+    @property
+    def shield_pid(self) -> str | None:
+        """Partitioned scope with deletes: the partition keeping deletes that named no
+        partition and found no row (sink.placement); every replica holds it."""
+        if self.scope == "global" or not self.partition_cols or not self.deletes:
+            return None
+        return keys.null_partition_id(self.partition_cols)
 
     @property
     def spec(self) -> str:
@@ -138,6 +148,7 @@ def new_stats() -> dict:
         "lookups": {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}, "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
         "cross_partition_checked": 0, "cross_partition_keys": 0, "cross_partition_example": None,
+        "without_partition": dict.fromkeys(PLACEMENTS, 0),
     }
 
 
@@ -271,18 +282,26 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
 def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, path) -> pa.Table:
     started = time.perf_counter()
     pids = keys.partition_ids(rows, ctx.partition_cols)
+    located = ctx.scope == "global"
+    unplaced = np.zeros(rows.num_rows, bool) if located else unplaced_deletes(rows, ctx.partition_cols,
+                                                                               rows.column(C.DELETE))
+    quarantined = None
     with _replica(ctx, path) as replica:
         stats["replicas_repaired"] += replica.repaired is not None
         source = prepare_replica(ctx, replica, shard, stats)
-        located = ctx.scope == "global"
-        needed = [GLOBAL] if located else pc.unique(pids).to_pylist()
-        missing = [p for p in needed if not replica.has_partition(p)]
-        if missing:
-            invalidated = {p for p in missing if replica.was_invalidated(p)}
-            loaded = load_partitions(replica, source.get(), missing,
-                                     lambda p: "invalidated" if p in invalidated else "on_demand", now=ctx.now)
-            _count_loads(stats, {"invalidated": len(invalidated), "on_demand": len(missing) - len(invalidated)},
-                         loaded)
+        needed = [GLOBAL] if located else pc.unique(pids).drop_null().to_pylist()
+        if ctx.shield_pid is not None:
+            if not replica.has_partition(ctx.shield_pid):
+                # The index's own record of key-only deletes, not a table partition: loaded with
+                # the replica (one small read) and not counted among partition loads.
+                load_partitions(replica, source.get(), [ctx.shield_pid], "shield", now=ctx.now)
+            needed.append(ctx.shield_pid)
+        # A delete that names no partition is looked for in every partition of the table.
+        everywhere = table_partitions(source.get()) if unplaced.any() else []
+        _load_missing(ctx, replica, source, list(dict.fromkeys([*needed, *everywhere])), stats)
+        if unplaced.any():
+            rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
+            needed = list(dict.fromkeys([*needed, *pc.unique(pids).to_pylist()]))
         replica.touch(needed, ctx.now)
         orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.ordering))]
         inputs = (rows.column(C.KEY).combine_chunks(), pids, orderings, rows.column(C.DELETE).combine_chunks(),
@@ -292,14 +311,18 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             result = tag_global(*inputs, lambda ks: replica.lookup_packed(GLOBAL, ks), ctx.incoming_wins_ties,
                                 **expiry)
         else:
-            result = tag(*inputs, replica.lookup_packed, ctx.incoming_wins_ties, **expiry)
+            shield = None
+            if ctx.shield_pid is not None and not replica.is_empty(ctx.shield_pid):
+                shield = (ctx.shield_pid, lambda ks: replica.peek(ctx.shield_pid, ks))
+            result = tag(*inputs, replica.lookup_packed, ctx.incoming_wins_ties, **expiry, shield=shield)
             _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
-        stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes, set(needed)))
+        stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes,
+                                      {*needed, *everywhere}))
         sizes = _sizes(replica, ctx.now, fresh=ctx.index_max_bytes is not None)
-        stats["partitions_held"] += len(sizes)
+        stats["partitions_held"] += len([pid for pid in sizes if pid != ctx.shield_pid])  # table partitions
         stats["cached_records"] += sum(e for e, _ in sizes.values())
         stats["cached_bytes"] += sum(b for _, b in sizes.values())
     stats["shard_ids"].append(shard)
@@ -312,7 +335,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         values = [n for n in C.stream_columns(rows.column_names) if n not in keys_only]
         groups = inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
         rows, partial = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write)
-    return (
+    tagged = (
         rows.select(kept).append_column(C.OP, result.op)
         .append_column(C.WRITE, result.write)
         .append_column(C.STORED_AT, result.stored_at if located else pa.nulls(rows.num_rows, pa.string()))
@@ -321,6 +344,36 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
         .append_column(C.PARTIAL, partial)
     )
+    return tagged if quarantined is None else pa.concat_tables([tagged.cast(ctx.output_schema), quarantined])
+
+
+def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str], stats: dict) -> None:
+    """Load the partitions of `pids` the replica lacks, all together."""
+    missing = [p for p in pids if not replica.has_partition(p)]
+    if missing:
+        invalidated = {p for p in missing if replica.was_invalidated(p)}
+        loaded = load_partitions(replica, source.get(), missing,
+                                 lambda p: "invalidated" if p in invalidated else "on_demand", now=ctx.now)
+        _count_loads(stats, {"invalidated": len(invalidated), "on_demand": len(missing) - len(invalidated)}, loaded)
+
+
+def _place(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.Array, unplaced: np.ndarray,
+           stats: dict) -> tuple[pa.Table, pa.Array, pa.Table]:
+    """Place the deletes that name no partition (sink.placement; the replica holds every
+    partition of the table): the records left to tag with their partition columns set, their
+    partition ids, and the ambiguous ones as quarantined output."""
+    encoded = rows.column(C.KEY).combine_chunks().cast(pa.binary())
+    live = replica.live_partitions(encoded.filter(pa.array(unplaced)).to_pylist())
+    deletes = pc.fill_null(rows.column(C.DELETE), False).to_numpy(zero_copy_only=False)
+    placement = place_deletes(encoded, pids, unplaced, deletes, live, ctx.shield_pid, ctx.partition_cols)
+    for outcome, n in (("located", placement.located), ("unknown", placement.unknown),
+                       (AMBIGUOUS, len(placement.reasons))):
+        stats["without_partition"][outcome] += n
+    rows = keys.with_partition_values(rows, placement.pids, ctx.partition_cols)
+    bad = rows.filter(pa.array(placement.ambiguous))
+    bad = bad.set_column(bad.schema.get_field_index(C.REASON), C.REASON, pa.array(placement.reasons, pa.string()))
+    kept = pa.array(~placement.ambiguous)
+    return rows.filter(kept), placement.pids.filter(kept), _passed_through(bad, ctx.output_schema)
 
 
 def _check_cross_partition(ctx: TaskContext, replica: ShardReplica, encoded: pa.Array, pids: pa.Array,

@@ -49,7 +49,8 @@ from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARD
 from sink.lakehouse.schema import added_columns
 from sink.ordering import helper_columns
 from sink.partial import fill_from_stored
-from sink.prepare import prepare, tagged_schema, validate_stream
+from sink.placement import PLACEMENTS, WITHOUT_PARTITION
+from sink.prepare import NULL_PARTITION, prepare, tagged_schema, validate_stream
 from sink.tagging import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
 from sink.tombstones import latest_per_key
 
@@ -99,6 +100,10 @@ class BatchReport:
     # rows of another partition: partitioned scope gives them a second row.
     keys_in_other_partition: int = 0
     keys_checked_in_other_partitions: int = 0
+    # Records with a null partition column (partitioned scope): deletes located in the one
+    # partition holding their key, deletes of keys no partition holds, deletes quarantined as
+    # ambiguous (their key is in several partitions), upserts quarantined (they need one).
+    without_partition: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WITHOUT_PARTITION, 0))
     other_partition_example: list[str] | None = None  # [key, arriving partition, stored partition]
     # Shard replicas behind on batches this writer tagged on other executors, and the
     # changelog entries they applied to catch up.
@@ -303,11 +308,15 @@ class UpsertSink:
                     records, shards = self._read_tags(tagged, report)
                     # Each record's partition, once per tagging: the signal, conflicts and changelog use it.
                     pids = keys.partition_ids(records, cfg.partition_by)
+                    if cfg.scope == "partitioned" and cfg.partition_by:
+                        # Deletes of keys no partition holds are kept under the null partition (sink.placement).
+                        pids = pc.fill_null(pids, keys.null_partition_id(cfg.partition_by))
                     report.keys_in_several_partitions = self._keys_in_several_partitions(records, pids, batch_id)
                     self._log_keys_in_other_partition(report)
                 if attempt == 0:
                     with report.timed("quarantine"):
                         self._quarantine(records, batch_df.columns, batch_id)
+                    self._log_without_partition(report)
                     if cfg.delete_when:
                         with report.timed("tombstones"):
                             self._append_tombstones(records.filter(pc.and_(
@@ -378,6 +387,7 @@ class UpsertSink:
             cross_partition_check=cfg.cross_partition_check,
             ignore_null_updates=cfg.ignore_null_updates,
             tombstone_ttl_hours=cfg.tombstone_ttl_hours,
+            deletes=cfg.delete_when is not None,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -435,6 +445,11 @@ class UpsertSink:
         report.other_partition_example = next(
             (s["cross_partition_example"] for s in stats_rows if s["cross_partition_example"]), None)
         report.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
+        for outcome in PLACEMENTS:
+            report.without_partition[outcome] = sum(s["without_partition"][outcome] for s in stats_rows)
+        reasons = records.column(C.REASON)
+        report.without_partition["upsert"] = pc.sum(pc.cast(pc.fill_null(
+            pc.starts_with(reasons, NULL_PARTITION), False), "int64")).as_py() or 0
         shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
         return records, shards
 
@@ -456,6 +471,17 @@ class UpsertSink:
                         "only, that needs scope = 'global'", batch_id, spread.num_rows, example["k"],
                         sorted(example["p_distinct"]))
         return spread.num_rows
+
+    def _log_without_partition(self, report: BatchReport) -> None:
+        """One warning per batch for records quarantined for want of a partition value."""
+        counts = report.without_partition
+        if self.config.scope == "partitioned" and counts["ambiguous"] + counts["upsert"]:
+            log.warning("batch %s: %s record(s) with a null partition column (%s) went to quarantine: %s upsert(s), "
+                        "which need their partition, and %s delete(s) whose key has rows in several partitions; "
+                        "%s other delete(s) were located by the index. If a key lives in one partition only, "
+                        "scope = 'global' locates every record by its key", report.batch_id,
+                        counts["ambiguous"] + counts["upsert"], ", ".join(self.config.partition_by),
+                        counts["upsert"], counts["ambiguous"], counts["located"] + counts["unknown"])
 
     def _log_keys_in_other_partition(self, report: BatchReport) -> None:
         if report.keys_in_other_partition:
@@ -609,11 +635,7 @@ def placed(writes: pa.Table, own: pa.Array, partition_cols: list[str]) -> pa.Tab
 
 def _at_stored(rows: pa.Table, partition_cols: list[str]) -> pa.Table:
     """`rows` with their partition columns set to the partition in STORED_AT."""
-    values = [keys.partition_values(pid) for pid in rows.column(C.STORED_AT).to_pylist()]
-    for c in partition_cols:
-        strings = pa.array([v.get(c) or None for v in values], pa.string())
-        rows = rows.set_column(rows.schema.get_field_index(c), c, strings.cast(rows.schema.field(c).type))
-    return rows
+    return keys.with_partition_values(rows, rows.column(C.STORED_AT).combine_chunks(), partition_cols)
 
 
 def outcomes(op: pa.ChunkedArray, write: pa.ChunkedArray) -> dict[str, int]:

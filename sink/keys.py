@@ -104,6 +104,12 @@ def partition_id(columns: Sequence[str], values: Sequence[str | None]) -> str:
     return "/".join(f"{quote(c, safe='')}={quote(v or '', safe='')}" for c, v in zip(columns, values))
 
 
+def null_partition_id(columns: Sequence[str]) -> str:
+    """The partition id of null partition values: where partitioned scope keeps deletes that
+    named no partition and found no row (sink.placement)."""
+    return partition_id(columns, [None] * len(columns))
+
+
 def partition_values(pid: str) -> dict[str, str]:
     """Inverse of `partition_id`: column -> Delta partition string."""
     if pid == UNPARTITIONED:
@@ -128,6 +134,17 @@ def partition_ids(table: pa.Table, partition_cols: Sequence[str]) -> pa.Array:
         for v in encoded.dictionary.to_pylist()
     ]
     return pc.take(pa.array(names, pa.string()), encoded.indices)
+
+
+def with_partition_values(rows: pa.Table, pids: pa.Array, partition_cols: Sequence[str]) -> pa.Table:
+    """`rows` with their partition columns set to the values of `pids` (one per row; the
+    null partition gives nulls), typed as the columns are."""
+    encoded = pc.dictionary_encode(pids)
+    values = [partition_values(pid) for pid in encoded.dictionary.to_pylist()]
+    for c in partition_cols:
+        strings = pc.take(pa.array([v.get(c) or None for v in values], pa.string()), encoded.indices)
+        rows = rows.set_column(rows.schema.get_field_index(c), c, strings.cast(rows.schema.field(c).type))
+    return rows
 
 
 def _as_string(col: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -6,6 +6,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from sink import placement
 from sink.errors import SinkError
 
 _LABEL = ["sink"]
@@ -37,6 +38,12 @@ KEYS_IN_OTHER_PARTITION = Counter(
     "upsert_sink_keys_in_other_partition",
     "New keys (of those checked) already stored as a row of another partition; each partition keeps "
     "its own row", _LABEL,
+)
+WITHOUT_PARTITION = Counter(
+    "upsert_sink_records_without_partition",
+    "Records with a null partition column (partitioned scope), by outcome: deletes located in the one partition "
+    "holding their key, deletes of unknown keys, and, quarantined, ambiguous deletes and upserts",
+    [*_LABEL, "outcome"],
 )
 LOAD_FAILURES = Counter(
     "upsert_sink_index_load_failures", "Batches failed by a partition that would not load", _LABEL
@@ -95,6 +102,8 @@ def start(sink: str) -> None:
         counter.labels(sink)
     for mode in ("append", "merge"):
         COMMITS.labels(sink, mode)
+    for outcome in placement.WITHOUT_PARTITION:
+        WITHOUT_PARTITION.labels(sink, outcome)
 
 
 def publish(sink: str, report) -> None:
@@ -111,6 +120,8 @@ def publish(sink: str, report) -> None:
     REPLICAS_REPAIRED.labels(sink).inc(report.replicas_repaired)
     KEYS_IN_SEVERAL_PARTITIONS.labels(sink).inc(report.keys_in_several_partitions)
     KEYS_IN_OTHER_PARTITION.labels(sink).inc(report.keys_in_other_partition)
+    for outcome, n in report.without_partition.items():
+        WITHOUT_PARTITION.labels(sink, outcome).inc(n)
     CHANGELOG_APPLIED.labels(sink).inc(report.changelog_applied)
     if any(report.partition_loads.values()):
         LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)

@@ -60,6 +60,10 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# The reason of an upsert with a null partition column (a delete is placed by the index).
+NULL_PARTITION = "null partition column"
+
+
 def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
     """SQL for why a record cannot be written (NULL when it can), first failing check wins.
     An empty string partition value is refused too: Delta stores it as NULL, so the row
@@ -72,10 +76,11 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
                        f"corrupt record: {cfg.corrupt_record_column} holds its raw text (a value that did not parse "
                        "as its schema type, or a malformed line)"))
     checks += [(f"{col(c)} IS NULL", f"null key column {c}") for c in cfg.key]
-    # In global scope the index knows where a key lives: a delete needs no partition.
-    upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.scope == "global" and cfg.delete_when else ""
+    # The index knows where a key lives: a delete needs no partition (global scope: the
+    # keyspace says; partitioned scope: sink.placement looks in every partition).
+    upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.delete_when else ""
     for c in cfg.partition_by:
-        checks.append((f"{col(c)} IS NULL{upsert}", f"null partition column {c}"))
+        checks.append((f"{col(c)} IS NULL{upsert}", f"{NULL_PARTITION} {c}"))
         if isinstance(schema[c].dataType, StringType):
             checks.append((f"{col(c)} = ''", f"empty partition value {c} (Delta stores it as NULL)"))
     checks += [(f"{col(c)} IS NULL", f"null ordering column {c}") for c in cfg.ordering_columns]

@@ -40,6 +40,8 @@ _I, _U, _D, _S = range(4)  # op codes, also write codes (with 3 = tombstone)
 _NO_WRITE = -1
 
 LookupPacked = Callable[[str, list[bytes]], Sequence[bytes | None]]
+# Packed entries of keys in one given partition.
+LookupOne = Callable[[list[bytes]], Sequence[bytes | None]]
 # Global scope: packed located entries of keys, wherever they live.
 LookupLocated = Callable[[list[bytes]], Sequence[bytes | None]]
 
@@ -86,11 +88,14 @@ def tag(
     incoming_wins_ties: bool = True,
     now: int = 0,
     expire_before: int | None = None,
+    shield: tuple[str, LookupOne] | None = None,
 ) -> TagResult:
     """Tag every record. Arrays are aligned; keys are encoded keys (string or binary);
     `orderings` one int64 array per ordering column, compared in order. Deletes this batch
     applies are stamped `now`; stored deletes older than `expire_before` count as absent
-    (`tombstone_ttl_hours`)."""
+    (`tombstone_ttl_hours`). `shield`: the partition holding deletes that named no partition
+    and found no row (sink.placement), and its lookup; a key its own partition lacks takes
+    its entry there."""
     columns = _columns(orderings)
     n = len(keys)
     if n == 0:
@@ -114,6 +119,8 @@ def tag(
     group_pids, group_keys = p_sorted.take(starts), k_sorted.take(starts)
     present, e_ord, e_del, e_at = _lookup_groups(group_pids, group_keys, lookup, len(columns))
     found = present & ~expired(present, e_del, e_at, expire_before)  # hits count what the index answered
+    if shield is not None:
+        _shielded(*shield, group_pids, group_keys, found, e_ord, e_del, expire_before)
 
     op = np.full(n, _S, np.int8)
     write = np.full(n, _NO_WRITE, np.int8)
@@ -183,6 +190,24 @@ def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked, width: 
         answers[:] = lookup(pid, keys.take(pa.array(where)).to_pylist())
         raws[where] = answers
     return unpack_many(raws.tolist(), width)
+
+
+def _shielded(shield: str, lookup: LookupOne, pids: pa.Array, keys: pa.Array, found: np.ndarray,
+              e_ord: np.ndarray, e_del: np.ndarray, expire_before: int | None) -> None:
+    """Keys their own partition holds no live row of take the delete kept for them under
+    `shield`, where it is newer (in place): a delete that named no partition and found no row
+    makes older upserts of its key stale, wherever they arrive. (A replica that loaded the
+    partition may hold an older tombstone there that one tagging since the delete does not:
+    stale deletes are tombstone rows too.)"""
+    todo = np.flatnonzero((~found | e_del) & pc.not_equal(pids, shield).to_numpy(zero_copy_only=False))
+    if not len(todo):
+        return
+    s_present, s_ord, s_del, s_at = unpack_many(lookup(keys.take(pa.array(todo)).to_pylist()), e_ord.shape[1])
+    newer = s_present & ~expired(s_present, s_del, s_at, expire_before) & (
+        ~found[todo] | ordering.less(e_ord[todo], s_ord))
+    found[todo[newer]] = True
+    e_ord[todo[newer]] = s_ord[newer]
+    e_del[todo[newer]] = s_del[newer]
 
 
 def _tag_group(start, size, found, e_ord, e_del, values, d, incoming_wins, op, write):

@@ -39,6 +39,19 @@ def test_partition_ids_per_row():
                                                                "d=2025-01-02/n=1"]
 
 
+def test_partition_values_are_set_from_ids_typed_and_the_null_partition_gives_nulls():
+    cols = ["d", "n", "s"]
+    rows = pa.table({"d": pa.array([None, None], pa.date32()), "n": pa.array([None, 7], pa.int32()),
+                     "s": pa.array(["x", "y"]), "v": [1, 2]})
+    null = keys.null_partition_id(cols)
+    assert null == "d=/n=/s="
+    placed = keys.with_partition_values(rows, pa.array([keys.partition_id(cols, ["2025-07-01", "3", "a/b"]), null]),
+                                        cols)
+    assert placed.to_pylist() == [{"d": dt.date(2025, 7, 1), "n": 3, "s": "a/b", "v": 1},
+                                  {"d": None, "n": None, "s": None, "v": 2}]
+    assert placed.schema == rows.schema
+
+
 def test_ordering_values_are_comparable_int64():
     ts = pa.array([dt.datetime(1970, 1, 1, 0, 0, 1)], pa.timestamp("ms", tz="UTC"))
     assert keys.ordering_values(ts).to_pylist() == [1_000_000]

@@ -201,3 +201,25 @@ def test_two_ordering_columns_equal_records_applied_one_by_one():
         assert ops == expected_ops, (records, index)
         applied = {r[0] for r, op in zip(records, expected_ops) if op != "stale"}
         assert {k.decode(): (e.ordering, e.deleted) for k, e in changes.items()} == {k: state[k] for k in applied}
+
+
+def test_a_delete_kept_in_the_shield_makes_older_upserts_of_its_key_stale_in_any_partition():
+    """The shield holds deletes that named no partition and found no row (sink.placement):
+    a key missing from its own partition, or held there as an older delete, takes it."""
+    shield = "dt="
+    stored = {(P, "old-tombstone"): Entry(2, True), (shield, "old-tombstone"): Entry(5, True),
+              (shield, "k"): Entry(5, True), (P, "live"): Entry(1), (shield, "live"): Entry(5, True)}
+
+    def lookup(pid, ks):
+        return [None if (pid, k.decode()) not in stored else stored[pid, k.decode()].pack() for k in ks]
+
+    records = [("k", 3), ("k2", 3), ("old-tombstone", 4), ("live", 3)]
+    result = tag(pa.array([k for k, _ in records]), pa.array([P] * 4), pa.array([o for _, o in records], pa.int64()),
+                 pa.array([False] * 4), pa.array(range(4), pa.int64()), lookup,
+                 shield=(shield, lambda ks: lookup(shield, ks)))
+    # k: older than its kept delete; k2: no delete kept; the row of "live" stands as the index says.
+    assert result.op.to_pylist() == ["stale", "insert", "stale", "update"]
+    later = tag(pa.array(["k"]), pa.array([P]), pa.array([6], pa.int64()), pa.array([False]), pa.array([0], pa.int64()),
+                lookup, shield=(shield, lambda ks: lookup(shield, ks)))
+    assert (later.op.to_pylist(), later.write.to_pylist()) == (["insert"], ["insert"])
+    assert later.changes_dict() == {P: {b"k": Entry(6)}}

@@ -142,6 +142,12 @@ def bootstrap(
     return load_partitions(replica, source, hot, "bootstrap", now=now, progress=logged)
 
 
+def table_partitions(source: ShardSource) -> list[str]:
+    """Every partition holding rows in the table at the source's version."""
+    actions = pa.table(source.table.get_add_actions(flatten=True))
+    return sorted(tiering.partition_stats(actions, source.table.metadata().partition_columns, None))
+
+
 def evict(
     replica: ShardReplica, now: float, ttl_hours: int, max_bytes: int | None, keep: set[str]
 ) -> list[str]:

@@ -550,22 +550,47 @@ class ShardReplica:
 
     def live_elsewhere(self, keys: Sequence[bytes], own_pids: Sequence[str]) -> dict[bytes, str]:
         """Of `keys` (each paired with its own partition), those a held partition other than
-        their own holds as live rows: key -> that partition. One RocksDB multi-get per held
-        partition; the lookup counters and the memory tier are left alone."""
+        their own holds as live rows: key -> that partition (the first in partition order)."""
         found: dict[bytes, str] = {}
+        for key, own, live in zip(keys, own_pids, self.live_partitions(keys)):
+            other = next((pid for pid in live if pid != own), None)
+            if other is not None and key not in found:
+                found[key] = other
+        return found
+
+    def live_partitions(self, keys: Sequence[bytes]) -> list[list[str]]:
+        """For each key, the held partitions that hold it as a live row, in partition order
+        (one `peek` per held partition)."""
+        found: list[list[str]] = [[] for _ in keys]
         if not len(keys):
             return found
         n = size(self.width)
         for pid in self.partitions():
-            cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
-            try:
-                raws = cf.get(list(keys))
-            finally:
-                del cf
-            for key, own, raw in zip(keys, own_pids, raws):
-                if raw is not None and own != pid and key not in found and not Entry.unpack(raw[:n]).deleted:
-                    found[key] = pid
+            for where, raw in zip(found, self.peek(pid, keys)):
+                if raw is not None and not Entry.unpack(raw[:n]).deleted:
+                    where.append(pid)
         return found
+
+    def peek(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Committed packed entries of `keys` in a held partition, from RocksDB alone: the
+        lookup counters and the memory tier are left alone."""
+        cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
+        try:
+            return cf.get(list(keys))
+        finally:
+            del cf
+
+    def is_empty(self, pid: str) -> bool:
+        """Whether held partition `pid` has no entry (one iterator seek)."""
+        cf = self._db.get_column_family(PARTITION_CF_PREFIX + pid)
+        try:
+            entries = cf.iter()
+            entries.seek_to_first()
+            empty = not entries.valid()
+            del entries
+            return empty
+        finally:
+            del cf
 
     def lookup(self, pid: str, keys: list[bytes]) -> list[Entry | None]:
         return [None if r is None else Entry.unpack(r) for r in self.lookup_packed(pid, keys)]

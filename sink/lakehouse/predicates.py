@@ -29,9 +29,11 @@ def sql_literal(value: str, arrow_type: pa.DataType) -> str:
 def partition_predicate(
     values: Mapping[str, str], types: Mapping[str, pa.DataType], alias: str | None = None
 ) -> str:
-    """`col = literal AND ...` selecting one partition (TRUE for an unpartitioned table)."""
+    """`col = literal AND ...` selecting one partition (TRUE for an unpartitioned table). An
+    empty value is the null partition (`col IS NULL`): Delta stores an empty string as null."""
     prefix = f"{alias}." if alias else ""
-    terms = [f"{prefix}{quote_ident(c)} = {sql_literal(v, types[c])}" for c, v in values.items()]
+    terms = [f"{prefix}{quote_ident(c)} = {sql_literal(v, types[c])}" if v else f"{prefix}{quote_ident(c)} IS NULL"
+             for c, v in values.items()]
     return " AND ".join(terms) if terms else "TRUE"
 
 

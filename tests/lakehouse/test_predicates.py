@@ -13,6 +13,10 @@ def test_literals_follow_the_column_type():
     assert sql_literal("true", pa.bool_()) == "true"
 
 
+def test_an_empty_partition_value_is_the_null_partition():
+    assert partition_predicate({"dt": "", "n": "3"}, TYPES) == "`dt` IS NULL AND `n` = 3"
+
+
 def test_single_partition_column_gets_a_literal_in_list():
     pred = merge_predicate(["id"], ["dt"], [{"dt": "2025-01-02"}, {"dt": "2025-01-01"}, {"dt": "2025-01-02"}], TYPES)
     assert pred == "t.`id` = s.`id` AND t.`dt` = s.`dt` AND t.`dt` IN ('2025-01-01', '2025-01-02')"
