@@ -57,6 +57,8 @@ def report_figures(reports) -> dict:
         "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
         "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
         "phases": phase_medians(reports),
+        "tag_steps": {step: round(median_after_first([r.tag_steps[step] for r in reports]), 3)
+                      for step in reports[0].tag_steps},
         "merge_partitions": [r.merge_partitions for r in reports],
         "partition_loads": [r.partition_loads for r in reports],
     }

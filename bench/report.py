@@ -52,6 +52,15 @@ def markdown(result: dict) -> str:
         lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
                      + " | ".join(f"{v:.2f}" for v in shown)
                      + f" | {other:.2f} | {c['sink']['median_after_first']:.2f} |")
+    steps = [c for c in result["e2e"] if "tag_steps" in c["sink"]]
+    if steps:
+        names = [n for n in steps[0]["sink"]["tag_steps"]
+                 if any(c["sink"]["tag_steps"][n] >= 0.0005 for c in steps)]
+        lines += ["", f"| sink, default: tag steps, medians summed over shards (s) | table rows | {' | '.join(names)} |",
+                  "|---|---:|" + "---:|" * len(names)]
+        for c in steps:
+            lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
+                         + " | ".join(f"{c['sink']['tag_steps'][n]:.3f}" for n in names) + " |")
     if result.get("global"):
         lines += ["", "| global scope | table rows | MERGE on the key alone | sink | sink commit "
                   "| index memory per key | key filter per key | its false positives per batch | partition loads after bootstrap "

@@ -136,6 +136,13 @@ def default_index_root(driver_local_dir: str | None = None, env: dict[str, str] 
     return os.path.join(dirs[0] if dirs else tempfile.gettempdir(), INDEX_SUBDIR)
 
 
+# Where a tagging task's time goes, in order: opening the replica, catching it up, loading
+# partitions, placing deletes without a partition, building the inputs, index lookups,
+# classifying, the cross-partition check, staging the changes, eviction and size gauges,
+# closing (flushing) the replica, building the output.
+TAG_STEPS = ("open", "catch_up", "load", "place", "inputs", "lookup", "classify", "cross_check", "stage", "upkeep",
+             "close", "output")
+
 # Why partitions load: a new replica's hot window, first use, or a commit that changed them.
 LOAD_REASONS = ("bootstrap", "on_demand", "invalidated")
 
@@ -148,7 +155,7 @@ def new_stats() -> dict:
         "lookups": {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}, "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
         "cross_partition_checked": 0, "cross_partition_keys": 0, "cross_partition_example": None,
-        "without_partition": dict.fromkeys(PLACEMENTS, 0),
+        "without_partition": dict.fromkeys(PLACEMENTS, 0), "tag_steps": dict.fromkeys(TAG_STEPS, 0.0),
     }
 
 
@@ -280,15 +287,17 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
 
 
 def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, path) -> pa.Table:
-    started = time.perf_counter()
+    clock = StepClock(stats["tag_steps"])
     pids = keys.partition_ids(rows, ctx.partition_cols)
     located = ctx.scope == "global"
     unplaced = np.zeros(rows.num_rows, bool) if located else unplaced_deletes(rows, ctx.partition_cols,
                                                                                rows.column(C.DELETE))
     quarantined = None
     with _replica(ctx, path) as replica:
+        clock.lap("open")
         stats["replicas_repaired"] += replica.repaired is not None
         source = prepare_replica(ctx, replica, shard, stats)
+        clock.lap("catch_up")
         needed = [GLOBAL] if located else pc.unique(pids).drop_null().to_pylist()
         if ctx.shield_pid is not None:
             if not replica.has_partition(ctx.shield_pid):
@@ -299,24 +308,32 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         # A delete that names no partition is looked for in every partition of the table.
         everywhere = table_partitions(source.get()) if unplaced.any() else []
         _load_missing(ctx, replica, source, list(dict.fromkeys([*needed, *everywhere])), stats)
+        clock.lap("load")
         if unplaced.any():
             rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
             needed = list(dict.fromkeys([*needed, *pc.unique(pids).to_pylist()]))
+            clock.lap("place")
         replica.touch(needed, ctx.now)
         orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.ordering))]
         inputs = (rows.column(C.KEY).combine_chunks(), pids, orderings, rows.column(C.DELETE).combine_chunks(),
                   arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order))
         expiry = {"now": int(ctx.now), "expire_before": ctx.expire_before}
+        clock.lap("inputs")
         if located:
-            result = tag_global(*inputs, lambda ks: replica.lookup_packed(GLOBAL, ks), ctx.incoming_wins_ties,
-                                **expiry)
+            result = tag_global(*inputs, clock.timed("lookup", lambda ks: replica.lookup_packed(GLOBAL, ks)),
+                                ctx.incoming_wins_ties, **expiry)
+            clock.lap("classify")
         else:
             shield = None
             if ctx.shield_pid is not None and not replica.is_empty(ctx.shield_pid):
-                shield = (ctx.shield_pid, lambda ks: replica.peek(ctx.shield_pid, ks))
-            result = tag(*inputs, replica.lookup_packed, ctx.incoming_wins_ties, **expiry, shield=shield)
+                shield = (ctx.shield_pid, clock.timed("lookup", lambda ks: replica.peek(ctx.shield_pid, ks)))
+            result = tag(*inputs, clock.timed("lookup", replica.lookup_packed), ctx.incoming_wins_ties, **expiry,
+                         shield=shield)
+            clock.lap("classify")
             _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
+            clock.lap("cross_check")
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
+        clock.lap("stage")
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
         stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes,
@@ -325,8 +342,9 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         stats["partitions_held"] += len([pid for pid in sizes if pid != ctx.shield_pid])  # table partitions
         stats["cached_records"] += sum(e for e, _ in sizes.values())
         stats["cached_bytes"] += sum(b for _, b in sizes.values())
+        clock.lap("upkeep")
+    clock.lap("close")
     stats["shard_ids"].append(shard)
-    stats["tag_seconds"] += time.perf_counter() - started
     kept = C.stream_columns(rows.column_names) + [
         C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.ordering))]
     partial = pa.nulls(rows.num_rows, pa.bool_())
@@ -344,7 +362,40 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
         .append_column(C.PARTIAL, partial)
     )
+    clock.lap("output")
+    stats["tag_seconds"] += clock.total
     return tagged if quarantined is None else pa.concat_tables([tagged.cast(ctx.output_schema), quarantined])
+
+
+class StepClock:
+    """Seconds of a tagging task's steps (TAG_STEPS), added into `steps`: `lap(step)` gives
+    the time since the last lap to `step`; time inside functions wrapped by `timed(step, fn)`
+    goes to that step instead of the lap it falls in."""
+
+    def __init__(self, steps: dict[str, float]):
+        self.steps = steps
+        self.started = self.last = time.perf_counter()
+        self.inside = 0.0  # of the current lap, spent in timed functions
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps[step] += now - self.last - self.inside
+        self.last, self.inside = now, 0.0
+
+    def timed(self, step: str, fn):
+        def run(*args):
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                spent = time.perf_counter() - started
+                self.steps[step] += spent
+                self.inside += spent
+        return run
+
+    @property
+    def total(self) -> float:
+        return self.last - self.started
 
 
 def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str], stats: dict) -> None:

@@ -33,6 +33,7 @@ from sink.errors import (
 from sink.executor import (
     LOAD_REASONS,
     QUARANTINED,
+    TAG_STEPS,
     TaskContext,
     catch_up_kept_open,
     stats_table,
@@ -118,8 +119,10 @@ class BatchReport:
     merge_partitions: int = 0
     retries: int = 0
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark).
+    # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark),
+    # and its steps (sink.executor.TAG_STEPS).
     shard_seconds: float = 0.0
+    tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
     total_seconds: float = 0.0
 
     @contextmanager
@@ -148,7 +151,8 @@ class BatchReport:
             f"moves={self.shard_moves} mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
             f"commit_s={self.commit_seconds:.2f} total_s={self.total_seconds:.2f} "
-            f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)}"
+            f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "
+            f"tag_steps_s={','.join(f'{p}:{s:.3f}' for p, s in self.tag_steps.items() if s >= 0.0005)}"
         )
 
 
@@ -434,6 +438,7 @@ class UpsertSink:
         for reason in report.partition_loads:
             report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
         report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
+        report.tag_steps = {step: sum(s["tag_steps"][step] for s in stats_rows) for step in TAG_STEPS}
         report.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
         report.filter_misses = sum(s["lookups"]["filter"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",

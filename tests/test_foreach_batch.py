@@ -163,6 +163,13 @@ def test_the_batch_log_line_says_where_the_time_went(spark, tmp_path, tag_on, ta
     untimed = report.total_seconds - (sum(report.phases.values()) - report.phases["metrics"])
     assert 0 <= untimed < 0.1 * report.total_seconds
     assert f"commit:{report.phases['commit']:.3f}" in report.summary()
+    # The tagging tasks' steps account for their time, and the work every batch does is in them.
+    assert sum(report.tag_steps.values()) == pytest.approx(report.shard_seconds, rel=1e-9)
+    assert all(report.tag_steps[step] > 0 for step in ("open", "catch_up", "inputs", "lookup", "classify", "stage",
+                                                       "upkeep", "close", "output"))
+    assert report.tag_steps["place"] == 0  # no delete without a partition
+    slowest = max(report.tag_steps, key=report.tag_steps.get)
+    assert f"{slowest}:{report.tag_steps[slowest]:.3f}" in report.summary()
 
 
 def test_tombstones_keep_one_row_per_key_and_batch(spark, tmp_path):
