@@ -1,4 +1,5 @@
 import logging
+from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -6,6 +7,7 @@ from deltalake import DeltaTable
 import sink.executor as executor
 import sink.foreach_batch as foreach_batch
 from sink import SinkConfig, UpsertSink
+from sink.index.replica import ShardReplica
 from tests.oracle import SCHEMA, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -88,3 +90,26 @@ def test_a_replica_that_fails_to_catch_up_ahead_is_caught_up_by_its_tagging(spar
     assert sink.reports[-1].commits_read == SHARDS  # read by the tagging instead
     sink.close()
     verify_replicas(sink.config)
+
+
+def reader_versions(cfg):
+    """The table version each replica shows a reader beside this process (verify's view)."""
+    versions = []
+    for path in sorted(Path(cfg.index_dir).glob("*/shard-*")):
+        with ShardReplica.open_read_only(path) as replica:
+            versions.append(replica.version)
+    return versions
+
+
+@pytest.mark.parametrize("flush_every_s", [0.0, executor.FLUSH_EVERY_S])
+def test_replicas_kept_open_are_flushed_when_due_and_when_closed(spark, tmp_path, monkeypatch, flush_every_s):
+    monkeypatch.setattr(executor, "FLUSH_EVERY_S", flush_every_s)
+    cfg = config(tmp_path, f"flushed-{flush_every_s}")
+    sink = UpsertSink(cfg)
+    for b, events in enumerate(random_batches(5, batches=3, per_batch=200)):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    tagged_at = DeltaTable(cfg.table_uri).version() - 1  # the version the last batch was tagged against
+    # Due at every batch: a reader sees the last tagging; not due within a test: an older state.
+    assert (reader_versions(cfg) == [tagged_at] * SHARDS) == (flush_every_s == 0.0)
+    sink.close()
+    assert reader_versions(cfg) == [tagged_at] * SHARDS
