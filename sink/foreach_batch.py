@@ -173,7 +173,7 @@ class UpsertSink:
         self._changelog_uri: str | None = None
         self._changelog_swept: int | None = None  # version at the last retention sweep
         metrics.serve(config.metrics_port)
-        metrics.start(self.writer_id)
+        metrics.start(self.writer_id, OUTCOMES)
 
     def close(self) -> None:
         """Close the replicas driver tagging keeps open between batches (the next batch

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from sink import placement
 from sink.errors import SinkError
+from sink.executor import LOAD_REASONS
 
 _LABEL = ["sink"]
 
@@ -94,9 +96,14 @@ def serve(port: int) -> None:
         _served_ports.add(port)
 
 
-def start(sink: str) -> None:
-    """Show every counter of `sink` at 0 from the start: a rate or increase() alert needs the
-    series to exist before its first increment."""
+# The (result, tier) pairs `publish` counts lookups under.
+LOOKUP_LABELS = (("hit", "memory"), ("hit", "rocksdb"), ("miss", "rocksdb"), ("miss", "filter"))
+
+
+def start(sink: str, ops: Iterable[str]) -> None:
+    """Show every counter of `sink`, with every label value it is published under (`ops`:
+    the record outcomes), at 0 from the start: a rate or increase() alert needs the series to
+    exist before its first increment, and a process's first batch is often the one that matters."""
     for counter in (LOAD_FAILURES, BATCHES_SKIPPED, COMMIT_RETRIES, REPLICAS_REPAIRED, KEYS_IN_SEVERAL_PARTITIONS,
                     KEYS_IN_OTHER_PARTITION, EVICTIONS, SHARD_MOVES, CHANGELOG_APPLIED):
         counter.labels(sink)
@@ -104,16 +111,22 @@ def start(sink: str) -> None:
         COMMITS.labels(sink, mode)
     for outcome in placement.WITHOUT_PARTITION:
         WITHOUT_PARTITION.labels(sink, outcome)
+    for op in ops:
+        RECORDS.labels(sink, op)
+    for result, tier in LOOKUP_LABELS:
+        LOOKUPS.labels(sink, result, tier)
+    for reason in LOAD_REASONS:
+        PARTITION_LOADS.labels(sink, reason)
 
 
 def publish(sink: str, report) -> None:
     """Publish one batch's report (a `sink.BatchReport`) under the `sink` label."""
     for op, n in report.ops.items():
         RECORDS.labels(sink, op).inc(n)
-    LOOKUPS.labels(sink, "hit", "memory").inc(report.memory_hits)
-    LOOKUPS.labels(sink, "hit", "rocksdb").inc(report.hits - report.memory_hits)
-    LOOKUPS.labels(sink, "miss", "rocksdb").inc(report.misses - report.filter_misses)
-    LOOKUPS.labels(sink, "miss", "filter").inc(report.filter_misses)
+    answered = (report.memory_hits, report.hits - report.memory_hits, report.misses - report.filter_misses,
+                report.filter_misses)
+    for (result, tier), n in zip(LOOKUP_LABELS, answered):
+        LOOKUPS.labels(sink, result, tier).inc(n)
     for reason, n in report.partition_loads.items():
         PARTITION_LOADS.labels(sink, reason).inc(n)
     SHARD_MOVES.labels(sink).inc(report.shard_moves)

@@ -69,3 +69,33 @@ def test_a_new_sinks_counters_exist_at_zero_before_its_first_batch(tmp_path):
                  "upsert_sink_commit_retries_total", "upsert_sink_index_replicas_repaired_total"):
         assert REGISTRY.get_sample_value(name, {"sink": "fresh"}) == 0, name
     assert REGISTRY.get_sample_value("upsert_sink_commits_total", {"sink": "fresh", "mode": "merge"}) == 0
+
+
+def documented_counters() -> dict[str, dict[str, list[str]]]:
+    """The README's Monitoring table: counter name -> label -> the documented values."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Monitoring", 1)[1].split("\n## ", 1)[0]
+    counters = {}
+    for name, labels in re.findall(r"^\| `(upsert_sink_\w+_total)(?:\{([^}]*)\})?`", section, re.M):
+        pairs = [p.split("=", 1) for p in labels.split(", ")] if labels else []
+        counters[name] = {label: values.split("\\|") for label, values in pairs}
+    return counters
+
+
+def test_every_documented_counter_and_label_value_exists_at_0_before_the_first_batch(tmp_path):
+    from sink import SinkConfig, UpsertSink
+
+    UpsertSink(SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="ts", writer_id="fresh",
+                          metrics_port=0))
+    counters = documented_counters()
+    assert len(counters) >= 12  # the table was read
+    for name, labels in counters.items():
+        samples = [s for metric in REGISTRY.collect() for s in metric.samples
+                   if s.name == name and s.labels.get("sink") == "fresh"]
+        assert samples, f"{name} has no series before the first batch"
+        assert all(s.value == 0 for s in samples), name
+        for label, values in labels.items():
+            assert {s.labels[label] for s in samples} >= set(values), f"{name}{{{label}}}"
