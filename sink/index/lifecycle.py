@@ -128,6 +128,14 @@ def bootstrap(
     actions = pa.table(source.table.get_add_actions(flatten=True))
     stats = tiering.partition_stats(actions, partition_cols, tiering_column)
     hot = tiering.hot_partitions(stats, rule, dt.datetime.fromtimestamp(now, dt.UTC), days)
+    undated = tiering.undated_example(stats, rule)
+    if undated is not None:
+        log.warning("shard %s bootstrap: no partition of %s has a date under %s (e.g. %s), so the hot window "
+                    "loads nothing and every partition loads on first use; set partition_date_format to fit "
+                    "the values (e.g. '%%Y-%%m' for '2025-07'), partition_date, or tiering_column",
+                    source.shard, source.table.table_uri,
+                    f"partition_date_format {rule.fmt!r} on {rule.columns[0]}" if len(rule.columns) == 1
+                    else f"the columns {list(rule.columns)}", undated)
     rows = sum(stats[p][1] for p in hot)
     log.info("shard %s bootstrap: %s of %s partitions in the last %s days (%s rows to scan)",
              source.shard, len(hot), len(stats), days, rows)

@@ -99,6 +99,18 @@ def hot_partitions(
     return [pid for _, pid in sorted(dated, reverse=True)]
 
 
+def undated_example(stats: Mapping[str, tuple[object, int]], rule: DateRule | None) -> str | None:
+    """A partition of `stats` to name when none of them has a date under `rule` nor a tiering
+    max (the hot window can then hold nothing: a format that fits no value, most likely);
+    None when any partition is dated, or there is no rule or no partition."""
+    if rule is None or not stats:
+        return None
+    if any(tier_max is not None or rule.date_of(keys.partition_values(pid)) is not None
+           for pid, (tier_max, _) in stats.items()):
+        return None
+    return min(stats)
+
+
 def _as_datetime(value: object) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)

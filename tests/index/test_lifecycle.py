@@ -96,6 +96,21 @@ def test_partitions_without_dates_use_the_tiering_column_or_load_nothing(tmp_pat
         assert replica.partitions() == {} and report.partitions == 0
 
 
+def test_bootstrap_warns_when_no_partition_value_parses_under_the_date_format(tmp_path, caplog):
+    months = pa.table({"id": ["a", "b", "c"], "month": ["2025-01", "2025-02", "2025-03"],
+                       "event_time": pa.array([NOW] * 3, pa.timestamp("us", tz="UTC"))})
+    write_deltalake(str(tmp_path / "t"), months, partition_by=["month"])
+    src = source(str(tmp_path / "t"), num_shards=1)
+    with ShardReplica.open(tmp_path / "r1", "spec") as replica, caplog.at_level("WARNING", logger="sink.index"):
+        assert bootstrap(replica, src, ["month"], (None, "%Y-%m-%d"), None, 90, NOW.timestamp()).partitions == 0
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "partition_date_format '%Y-%m-%d' on month (e.g. month=2025-01)" in warned[0]
+    caplog.clear()
+    with ShardReplica.open(tmp_path / "r2", "spec") as replica, caplog.at_level("WARNING", logger="sink.index"):
+        assert bootstrap(replica, src, ["month"], (None, "%Y-%m"), None, 90, NOW.timestamp()).partitions == 3
+    assert caplog.records == []
+
+
 def test_ttl_eviction_with_an_injected_clock(tmp_path):
     hour = 3600.0
     with ShardReplica.open(tmp_path / "r", "spec") as replica:
