@@ -26,8 +26,9 @@ check-java:
 		echo "error: Java 17+ is required by Spark; 'java -version' reports: $$(java -version 2>&1 | head -1)"; \
 		exit 1; fi
 
+# METRICS_PORT=<port> (0: off) overrides conf/sink.toml's metrics_port.
 run: $(STAMP)
-	$(PY) -m jobs.demo
+	$(PY) -m jobs.demo $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 test: $(STAMP) test-tools
 	$(PY) -m pytest -q

@@ -24,6 +24,8 @@ from deltalake import DeltaTable
 
 from jobs.job_config import load_job_config
 from jobs.upsert_stream import run
+from sink import metrics
+from sink.errors import SinkError
 from sink.foreach_batch import OUTCOMES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "sink.toml"
@@ -125,15 +127,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--events", type=int, default=300_000, help="events generated this run")
     parser.add_argument("--files", type=int, default=6)
+    parser.add_argument("--metrics-port", type=int, help="instead of the config's metrics_port (0: off); "
+                                                         "with make: make run METRICS_PORT=...")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     cfg = load_job_config(args.config)
+    port = cfg.sink.metrics_port if args.metrics_port is None else args.metrics_port
+    try:
+        metrics.check_port(port)  # before any event is written: a failed run must leave nothing behind
+    except SinkError as e:
+        raise SystemExit(f"error: {e}. With make: make run METRICS_PORT=<free port>, or METRICS_PORT=0") from e
     landing = Path(cfg.source.path)
     state = generate(landing, landing.parent / "demo-state.json", args.events, args.files)
     logging.info("run %s: wrote %s events to %s", state["runs"], state["last_events"], landing)
     started = time.perf_counter()
-    sink = run(args.config, once=True)
+    sink = run(args.config, once=True, metrics_port=port)
     print(summarize(sink, cfg.sink.table_uri, time.perf_counter() - started), flush=True)
 
 

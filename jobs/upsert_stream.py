@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -55,8 +56,12 @@ def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_sec
     return writer.queryName(cfg.job.app_name).start()
 
 
-def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None) -> UpsertSink:
+def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None,
+        metrics_port: int | None = None) -> UpsertSink:
+    """`metrics_port`: instead of the config's."""
     cfg = load_job_config(config_path)
+    if metrics_port is not None:
+        cfg.sink = dataclasses.replace(cfg.sink, metrics_port=metrics_port)
     if not cfg.sink.checkpoint_dir:
         raise SystemExit("set sink.checkpoint_dir in the config: the query needs a checkpoint location")
     log.info("starting Spark (%s); a local session takes 10-30 s", master or cfg.job.master or "spark-submit's master")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterable
 
@@ -89,11 +90,24 @@ def serve(port: int) -> None:
         try:
             start_http_server(port)
         except OSError as e:
-            raise SinkError(
-                f"metrics_port = {port}: cannot serve Prometheus metrics there ({e}); "
-                "choose a free port, or 0 to turn the endpoint off"
-            ) from e
+            raise _unusable(port, e) from e
         _served_ports.add(port)
+
+
+def check_port(port: int) -> None:
+    """Fail now, before anything else runs, when `serve(port)` would fail (0 = off)."""
+    if port == 0 or port in _served_ports:
+        return
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))  # where start_http_server listens
+        except OSError as e:
+            raise _unusable(port, e) from e
+
+
+def _unusable(port: int, error: OSError) -> SinkError:
+    return SinkError(f"metrics_port = {port}: cannot serve Prometheus metrics there ({error}); choose a free port, "
+                     "or 0 to turn the endpoint off")
 
 
 # The (result, tier) pairs `publish` counts lookups under.

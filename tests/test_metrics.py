@@ -99,3 +99,20 @@ def test_every_documented_counter_and_label_value_exists_at_0_before_the_first_b
         assert all(s.value == 0 for s in samples), name
         for label, values in labels.items():
             assert {s.labels[label] for s in samples} >= set(values), f"{name}{{{label}}}"
+
+
+def test_check_port_fails_like_serve_on_a_port_in_use_and_passes_one_this_process_serves():
+    import pytest
+
+    from sink.errors import SinkError
+
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        with pytest.raises(SinkError, match=f"metrics_port = {busy}: cannot serve Prometheus metrics there"):
+            metrics.check_port(busy)
+    served = free_port()
+    metrics.serve(served)
+    metrics.check_port(served)  # this process's own endpoint: the sink reuses it
+    metrics.check_port(0)
