@@ -29,6 +29,9 @@ class SourceConfig:
     # JSON and CSV: read with the sink's corrupt-record column, so a record with a value that did
     # not parse goes to quarantine with its raw text instead of writing nulls over stored data.
     corrupt_records: bool = True
+    # Spark SQL expressions the records are selected through before the sink sees them (empty:
+    # as read), e.g. a CDC envelope's fields: "coalesce(after.id, before.id) AS id", "source.lsn AS lsn".
+    select: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.format not in SOURCE_FORMATS:
@@ -37,6 +40,8 @@ class SourceConfig:
             )
         if not isinstance(self.schema, str) or not self.schema.strip():
             raise ConfigError("source.schema must be a Spark DDL string, e.g. 'id STRING, ts TIMESTAMP'")
+        if not isinstance(self.select, list) or not all(isinstance(e, str) and e.strip() for e in self.select):
+            raise ConfigError(f"source.select must be a list of Spark SQL expressions, got {self.select!r}")
         if not isinstance(self.corrupt_records, bool):
             raise ConfigError(f"source.corrupt_records must be true or false, got {self.corrupt_records!r}")
         if self.max_files_per_trigger is not None and (

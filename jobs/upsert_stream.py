@@ -21,6 +21,7 @@ from pyspark.sql.types import StringType, StructType  # noqa: E402
 from jobs.job_config import TEXT_FORMATS, JobConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import UpsertSink  # noqa: E402
+from sink.keys import quoted_column  # noqa: E402
 
 log = logging.getLogger("jobs.upsert_stream")
 
@@ -40,13 +41,24 @@ def source_schema(cfg: JobConfig) -> tuple[StructType, dict[str, str]]:
     return schema, options
 
 
+def selected(stream, select: list[str], corrupt_column: str):
+    """The stream through `[source] select`, keeping the corrupt-record column the expressions
+    leave out (records that did not parse must still reach the quarantine)."""
+    if not select:
+        return stream
+    out = stream.selectExpr(*select)
+    if corrupt_column in stream.columns and corrupt_column not in out.columns:
+        out = stream.selectExpr(*select, quoted_column(corrupt_column))
+    return out
+
+
 def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
     src = cfg.source
     schema, options = source_schema(cfg)
     reader = spark.readStream.format(src.format).schema(schema).options(**options)
     if src.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
-    stream = reader.load(src.path)
+    stream = selected(reader.load(src.path), src.select, cfg.sink.corrupt_record_column)
     sink.validate(stream)  # a config naming a missing column fails here, before any batch
     writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", cfg.sink.checkpoint_dir)
     if once:

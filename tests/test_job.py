@@ -82,6 +82,9 @@ def test_job_config_errors_name_the_key(tmp_path):
     accepted = r"source.format = 'avro' is not accepted; accepted values: \['json', 'csv', 'parquet'\]"
     with pytest.raises(ConfigError, match=accepted):
         load_job_config(conf)
+    conf.write_text(CONFIG.replace("max_files_per_trigger = 1", 'max_files_per_trigger = 1\nselect = "id"'))
+    with pytest.raises(ConfigError, match="source.select must be a list of Spark SQL expressions, got 'id'"):
+        load_job_config(conf)
     conf.write_text(CONFIG + "\n[job]\ntrigger = 5\n")
     with pytest.raises(ConfigError, match=r"unknown job key\(s\) \['trigger'\]"):
         load_job_config(conf)
