@@ -126,6 +126,10 @@ def main() -> None:
     spark = spark_session("sink-scaleout", args.master, {
         "spark.sql.shuffle.partitions": str(args.shards), "spark.default.parallelism": str(args.shards),
         "spark.ui.enabled": "false", "spark.executor.memory": "1g",
+        # A shard's task goes to whichever executor is free, as on a busy cluster: with reduce
+        # locality (and its wait) it tends to stay where its input was written, and a stream
+        # could keep every shard on one executor, testing no move at all.
+        "spark.shuffle.reduceLocality.enabled": "false", "spark.locality.wait": "0",
     })
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(args.work)
