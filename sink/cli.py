@@ -26,7 +26,7 @@ from sink.index.lifecycle import ShardSource, bootstrap
 from sink.index.loader import read_global, read_partition
 from sink.index.replica import GLOBAL, ShardReplica, replica_path, replica_spec
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.log import read_commit, recorded_num_shards
+from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
 from sink.tombstones import compact
 
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
@@ -180,13 +180,14 @@ def verify(ctx: Context) -> list[dict]:
 
 def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
     with ShardReplica.open_read_only(path) as replica:
-        version = replica.version
+        version, staged = _caught_up(cfg, replica)
         problems: list[str] = []
         checked = 0
         if version is not None:
             table = DeltaTable(cfg.table_uri, version=version)
             entry_bytes = entry_size(replica.width)
             for pid in sorted(replica.partitions()):
+                held = dict(replica.entries(pid))
                 if pid == GLOBAL:
                     read = read_global(table, None, cfg.key, cfg.partition_by, cfg.ordering_columns, shard, of)
                     keys, located = [], []
@@ -194,16 +195,36 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
                         keys += chunk_keys
                         located += chunk_raws
                     raws = [raw[:entry_bytes] for raw in located]
-                    problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in located))),
-                                           replica.locations())
+                    places = replica.locations()
+                    for where, entries in staged.items():
+                        held.update(entries)
+                        places.update(dict.fromkeys(entries, where))
+                    problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in located))), places)
                 else:
                     keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering_columns, shard, of)
+                    held.update(staged.get(pid, {}))
                 live = {k: Entry.of(v).ordering for k, v in zip(keys, unpack_many(raws, replica.width)[1].tolist())}
-                held = dict(replica.entries(pid))
                 checked += len(held)
                 problems += _compare(pid, live, held)
     return {"shard": shard, "of": of, "version": version, "entries_checked": checked,
             "mismatches": len(problems), "examples": problems[:10]}
+
+
+def _caught_up(cfg: SinkConfig, replica: ShardReplica) -> tuple[int | None, dict[str, dict[bytes, Entry]]]:
+    """The version to check a read-only replica at, and the entries to see on top of it: when
+    the table's next commit carries the batch the replica staged (the sink's last batch, whose
+    entries its next tagging would promote first), that version and the staged entries; else
+    the replica's own version and none."""
+    version, batch = replica.version, replica.staged_batch
+    if version is None or batch is None:
+        return version, {}
+    commit = read_commit(cfg.table_uri, version + 1, cfg.partition_by)
+    if commit is None or commit.app_versions.get(cfg.resolved_writer_id) != batch:
+        return version, {}
+    read_version = commit.sink_int(READ_VERSION_PROPERTY)
+    if read_version is not None and read_version != replica.staged_read_version:
+        return version, {}
+    return version + 1, replica.staged()
 
 
 def _compare(pid: str, live: dict[bytes, int], held: dict) -> list[str]:

@@ -127,3 +127,26 @@ def test_bootstrap_without_num_shards_warms_the_shards_the_writers_last_batch_us
     table_id = DeltaTable(uri).metadata().id
     assert sorted(p.name for p in (tmp_path / "index" / table_id).iterdir()) == [
         "shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("scope", ["partitioned", "global"])
+def test_verify_after_the_job_stops_checks_the_replicas_at_the_tables_latest_version(spark, tmp_path, scope):
+    """The replicas reflect the version their last batch was tagged against, and hold that
+    batch's entries staged until the next batch promotes them: verify promotes them in its
+    read-only view, so it checks the table as it is, not one version behind."""
+    from sink import SinkConfig, UpsertSink
+    from tests.oracle import SCHEMA, random_batches, verify_replicas
+
+    cfg = SinkConfig(table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
+                     delete_when="op = 'd'", writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2,
+                     metrics_port=0, tag_on="executors", scope=scope)
+    sink = UpsertSink(cfg)
+    for b, events in enumerate(random_batches(3, batches=2, per_batch=300)):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    latest = DeltaTable(cfg.table_uri).version()
+    results = verify_replicas(cfg)  # no mismatch
+    assert [r["version"] for r in results] == [latest, latest]
+    # A commit by another writer: nothing staged belongs to it, the replicas stay where they are.
+    write_deltalake(cfg.table_uri, DeltaTable(cfg.table_uri).to_pyarrow_table().slice(0, 0), mode="append")
+    assert [r["version"] for r in verify_replicas(cfg)] == [latest, latest]
