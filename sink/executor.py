@@ -298,16 +298,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         stats["replicas_repaired"] += replica.repaired is not None
         source = prepare_replica(ctx, replica, shard, stats)
         clock.lap("catch_up")
-        needed = [GLOBAL] if located else pc.unique(pids).drop_null().to_pylist()
-        if ctx.shield_pid is not None:
-            if not replica.has_partition(ctx.shield_pid):
-                # The index's own record of key-only deletes, not a table partition: loaded with
-                # the replica (one small read) and not counted among partition loads.
-                load_partitions(replica, source.get(), [ctx.shield_pid], "shield", now=ctx.now)
-            needed.append(ctx.shield_pid)
-        # A delete that names no partition is looked for in every partition of the table.
-        everywhere = table_partitions(source.get()) if unplaced.any() else []
-        _load_missing(ctx, replica, source, list(dict.fromkeys([*needed, *everywhere])), stats)
+        needed, everywhere = _hold(ctx, replica, source, pids, unplaced.any(), stats)
         clock.lap("load")
         if unplaced.any():
             rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
@@ -396,6 +387,27 @@ class StepClock:
     @property
     def total(self) -> float:
         return self.last - self.started
+
+
+def _hold(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: pa.Array, unplaced: bool,
+          stats: dict) -> tuple[list[str], list[str]]:
+    """Load what tagging records of partitions `pids` needs and the replica lacks: their
+    partitions (the keyspace in global scope), the shield, and with deletes that name no
+    partition (`unplaced`) every partition of the table. Returns (partitions the records use,
+    every partition of the table or none)."""
+    if ctx.scope == "global":
+        _load_missing(ctx, replica, source, [GLOBAL], stats)
+        return [GLOBAL], []
+    needed = pc.unique(pids).drop_null().to_pylist()
+    if ctx.shield_pid is not None:
+        if not replica.has_partition(ctx.shield_pid):
+            # The index's own record of key-only deletes, not a table partition: loaded with
+            # the replica (one small read) and not counted among partition loads.
+            load_partitions(replica, source.get(), [ctx.shield_pid], "shield", now=ctx.now)
+        needed.append(ctx.shield_pid)
+    everywhere = table_partitions(source.get()) if unplaced else []
+    _load_missing(ctx, replica, source, list(dict.fromkeys([*needed, *everywhere])), stats)
+    return needed, everywhere
 
 
 def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str], stats: dict) -> None:
