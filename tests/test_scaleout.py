@@ -75,6 +75,9 @@ def test_two_executors_stay_exact_and_load_only_what_a_new_replica_needs(two_exe
         # Every batch touches all partitions of every shard: a replica new on its executor loads
         # them all once; a replica that was there loads nothing, whoever tagged the batches between.
         assert sum(b["loads"].values()) == DAYS * b["replicas_rebuilt"], b
+    # Half the deletes name no partition: found where their key lives, or kept as unknown keys.
+    placed = [b["without_partition"] for b in stream["batches"]]
+    assert sum(p["located"] for p in placed) > 0 and sum(p["ambiguous"] + p["upsert"] for p in placed) == 0
 
 
 def test_two_executors_moved_shards_and_caught_up_from_the_changelog(two_executors):
