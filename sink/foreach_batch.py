@@ -101,11 +101,11 @@ class BatchReport:
     # rows of another partition: partitioned scope gives them a second row.
     keys_in_other_partition: int = 0
     keys_checked_in_other_partitions: int = 0
+    other_partition_example: list[str] | None = None  # [key, arriving partition, stored partition]
     # Records with a null partition column (partitioned scope): deletes located in the one
     # partition holding their key, deletes of keys no partition holds, deletes quarantined as
     # ambiguous (their key is in several partitions), upserts quarantined (they need one).
     without_partition: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WITHOUT_PARTITION, 0))
-    other_partition_example: list[str] | None = None  # [key, arriving partition, stored partition]
     # Shard replicas behind on batches this writer tagged on other executors, and the
     # changelog entries they applied to catch up.
     shard_moves: int = 0
