@@ -85,7 +85,8 @@ def plot(result: dict, path: Path) -> None:
     axes[0].set_title("End to end, side by side")
     axes[0].legend(fontsize=8)
     commits = result["commit"]
-    for key, label in [("append_median", "append"), ("merge_pruned_median", "MERGE, pruned"),
+    for key, label in [("append_median", "append"), ("rewrite_median", "rewrite (sink)"),
+                       ("merge_pruned_median", "MERGE, pruned"),
                        ("merge_unpruned_median", "MERGE, unpruned")]:
         axes[1].plot([c["table_rows"] / 1e6 for c in commits], [c[key] for c in commits], marker="o", label=label)
     axes[1].set_xlabel("table rows (millions)")

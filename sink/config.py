@@ -18,6 +18,7 @@ ENGINES = ("deltalake", "delta-spark")
 TIES = ("incoming", "existing")
 TAG_ON = ("auto", "executors", "driver")
 SCHEMA_EVOLUTION = ("add_columns", "fail")
+COMMIT_MODES = ("auto", "merge")
 
 
 @dataclass
@@ -84,6 +85,11 @@ class SinkConfig:
     changelog_uri: str | None = None
     changelog_retention_versions: int = 1000
     max_commit_retries: int = 3
+    # A batch with updated or deleted keys: "auto" rewrites the files holding them and commits
+    # the new files (falling back to MERGE, logged, on tables with features a rewrite cannot
+    # honour: deletion vectors, column mapping, change data feed, constraints, generated
+    # columns); "merge": always delta-rs' MERGE.
+    commit_mode: str = "auto"
     # A stream column the table lacks: added to the table in the batch's commit, or refused.
     schema_evolution: str = "add_columns"
 
@@ -134,6 +140,7 @@ class SinkConfig:
         _require_choice("ties", self.ties, TIES)
         _require_choice("tag_on", self.tag_on, TAG_ON)
         _require_choice("schema_evolution", self.schema_evolution, SCHEMA_EVOLUTION)
+        _require_choice("commit_mode", self.commit_mode, COMMIT_MODES)
         if self.engine == "delta-spark":
             raise ConfigError("engine = 'delta-spark' is not implemented yet; accepted: 'deltalake'")
         overlap = set(self.key) & set(self.partition_by)

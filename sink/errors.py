@@ -31,3 +31,9 @@ class PartitionLoadError(SinkError):
 
 class ReplicaLockedError(SinkError):
     """Another process holds this shard replica's RocksDB lock."""
+
+
+class CommitCheckError(SinkError):
+    """A copy-on-write commit failed a check before committing (a file missing, a removed file
+    not in the version the batch read, incomplete partition values, another schema): nothing
+    was committed."""

@@ -45,7 +45,14 @@ from sink.index.entry import ordering_names
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, DeltaTarget, append_once
+from sink.lakehouse.delta_rs import (
+    COMMIT_KINDS,
+    PARTIAL_COLUMN,
+    WRITE_COLUMN,
+    CommitFailedError,
+    DeltaTarget,
+    append_once,
+)
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.schema import added_columns
 from sink.ordering import helper_columns
@@ -114,7 +121,7 @@ class BatchReport:
     partitions_held: int = 0
     cached_records: int = 0
     cached_bytes: int = 0
-    mode: str = "none"  # append | merge | skipped | none (nothing to change)
+    mode: str = "none"  # COMMIT_KINDS (append | rewrite | merge), skipped (a replay) or none (nothing to change)
     table_version: int | None = None
     merge_partitions: int = 0
     retries: int = 0
@@ -165,7 +172,7 @@ class UpsertSink:
         self._clock = clock
         self.writer_id = config.resolved_writer_id
         self.reports: list[BatchReport] = []
-        self._target = DeltaTarget(config.table_uri, config.partition_by)
+        self._target = DeltaTarget(config.table_uri, config.partition_by, config.commit_mode)
         self._contract = Contract.of(config)
         self._validated = None
         self._on_driver: bool | None = None  # where tagging runs, resolved at the first batch
@@ -330,7 +337,7 @@ class UpsertSink:
             try:
                 with report.timed("commit"):
                     self._commit(records, pids, ctx, shards, added, report)
-                if self._changelog_uri and report.mode in ("append", "merge"):
+                if self._changelog_uri and report.mode in COMMIT_KINDS:
                     with report.timed("changelog"):
                         self._write_changelog(records, pids, ctx, report.table_version)
                 break

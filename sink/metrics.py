@@ -11,6 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from sink import placement
 from sink.errors import SinkError
 from sink.executor import LOAD_REASONS
+from sink.lakehouse.delta_rs import COMMIT_KINDS
 
 _LABEL = ["sink"]
 
@@ -121,7 +122,7 @@ def start(sink: str, ops: Iterable[str]) -> None:
     for counter in (LOAD_FAILURES, BATCHES_SKIPPED, COMMIT_RETRIES, REPLICAS_REPAIRED, KEYS_IN_SEVERAL_PARTITIONS,
                     KEYS_IN_OTHER_PARTITION, EVICTIONS, SHARD_MOVES, CHANGELOG_APPLIED):
         counter.labels(sink)
-    for mode in ("append", "merge"):
+    for mode in COMMIT_KINDS:
         COMMITS.labels(sink, mode)
     for outcome in placement.WITHOUT_PARTITION:
         WITHOUT_PARTITION.labels(sink, outcome)
@@ -160,7 +161,7 @@ def publish(sink: str, report) -> None:
         PARTITIONS_HELD.labels(sink).set(report.partitions_held)
         CACHED_RECORDS.labels(sink).set(report.cached_records)
         CACHED_BYTES.labels(sink).set(report.cached_bytes)
-    if report.mode in ("append", "merge"):
+    if report.mode in COMMIT_KINDS:
         COMMITS.labels(sink, report.mode).inc()
     if report.table_version is not None:
         TABLE_VERSION.labels(sink).set(report.table_version)

@@ -79,7 +79,7 @@ def test_ignore_null_updates_gives_paimons_partial_update_result_across_batches(
     for batch_id, record in enumerate(PARTIAL_RECORDS):
         sink(spark.createDataFrame([record], PARTIAL), batch_id)
     assert rows_of(cfg.table_uri) == [(1, 25.2, 10, "This is a book", 3)]
-    assert [r.mode for r in sink.reports] == ["append", "merge", "merge"]
+    assert [r.mode for r in sink.reports] == ["append", "rewrite", "rewrite"]
 
 
 def test_ignore_null_updates_folds_one_keys_records_in_one_batch(spark, tmp_path):

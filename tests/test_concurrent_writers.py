@@ -60,7 +60,7 @@ def test_an_insert_raced_by_another_writers_insert_of_the_same_key_is_tagged_aga
                                                  [Event("k", "2025-01-02", 3, "u", "other")],
                                                  [Event("k", "2025-01-02", 5, "u", "ours")]])
     report = sink.reports[-1]
-    assert (len(calls), report.retries, report.ops["update"], report.mode) == (2, 1, 1, "merge")
+    assert (len(calls), report.retries, report.ops["update"], report.mode) == (2, 1, 1, "rewrite")
 
 
 def test_a_race_on_other_partitions_commits_without_tagging_again(spark, tmp_path):

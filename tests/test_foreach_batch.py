@@ -40,7 +40,7 @@ def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_repl
             shutil.rmtree(tmp_path / "index")  # the replica is lost: costs time, never correctness
         sink(frame(spark, events), b)
         report = sink.reports[-1]
-        assert report.mode in ("append", "merge")
+        assert report.mode in ("append", "rewrite")
         assert report.records_in == len(events)
         assert report.ops["quarantined"] == sum(e.id is None for e in events)
         assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
@@ -53,7 +53,7 @@ def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_repl
             assert DeltaTable(cfg.table_uri).version() == version
             assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1])
     modes = {r.mode for r in sink.reports}
-    assert "merge" in modes
+    assert "rewrite" in modes
     sink.close()  # as when the job stops: replicas the driver keeps open are flushed once a minute
     assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
 
@@ -146,7 +146,7 @@ def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
     assert value("upsert_sink_index_lookups_total", result="hit", tier="memory") == 2
     assert value("upsert_sink_index_lookups_total", result="hit", tier="rocksdb") == 0
     assert value("upsert_sink_commits_total", mode="append") == 1
-    assert value("upsert_sink_commits_total", mode="merge") == 1
+    assert value("upsert_sink_commits_total", mode="rewrite") == 1
     assert value("upsert_sink_table_version") == DeltaTable(cfg.table_uri).version()
 
 

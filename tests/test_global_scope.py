@@ -105,7 +105,7 @@ def test_a_newer_record_moves_its_key_and_a_stale_one_never_does(spark, tmp_path
     assert [(r["id"], r["dt"], r["v"]) for r in rows(cfg.table_uri)] == [
         ("b", "2025-01-01", "x"), ("a", "2025-01-02", "moved")]
     report = sink.reports[-1]
-    assert (report.ops["update"], report.ops["stale"], report.mode) == (1, 1, "merge")
+    assert (report.ops["update"], report.ops["stale"], report.mode) == (1, 1, "rewrite")
     # The MERGE scanned only the partition the index placed the moved key in.
     assert report.merge_partitions == 1
 

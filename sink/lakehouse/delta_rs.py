@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -13,32 +14,38 @@ from deltalake.exceptions import CommitFailedError
 
 from sink import keys
 from sink.errors import ConfigError
+from sink.lakehouse import append, merge, rewrite
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.log import CommitSummary, filesystem, read_commit
-from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, merge_predicate, partition_predicate, quote_ident
-from sink.ordering import columns_of, newer_sql
+from sink.lakehouse.features import merge_only_reason
+from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
+from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, partition_predicate
+from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, distinct_partitions
+from sink.ordering import columns_of
 
-__all__ = ["CommitFailedError", "CommitOutcome", "DeltaTarget", "append_once"]
+__all__ = ["COMMIT_KINDS", "PARTIAL_COLUMN", "WRITE_COLUMN", "CommitFailedError", "CommitOutcome", "DeltaTarget",
+           "append_once"]
 
-WRITE_COLUMN = "__sink_write"
-# ignore_null_updates: on an update, whether its null columns keep the stored values.
-PARTIAL_COLUMN = "__sink_partial"
+log = logging.getLogger("sink")
 
+# How a batch's commit landed: new keys only, files rewritten, or a MERGE (the fallback).
+COMMIT_KINDS = ("append", "rewrite", "merge")
 
 @dataclass(frozen=True)
 class CommitOutcome:
-    mode: str  # "append" or "merge"
+    mode: str  # one of COMMIT_KINDS
     version: int
-    merge_partitions: int
+    merge_partitions: int  # partitions holding updated or deleted keys
 
 
 class DeltaTarget:
     """The target table, as seen by one sink."""
 
-    def __init__(self, uri: str, partition_by: Sequence[str]):
+    def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto"):
         self.uri = uri
         self.partition_by = list(partition_by)
+        self.commit_mode = commit_mode
         self._dt: DeltaTable | None = None
+        self._merge_reason: str | None = None  # logged once per reason
 
     def open_or_create(self, schema: pa.Schema, contract: Contract) -> DeltaTable:
         """Open the table; create it, empty, from the stream's schema and with the sink's
@@ -107,45 +114,64 @@ class DeltaTarget:
         `rows` has the table's columns plus WRITE_COLUMN (insert/update/delete/tombstone), and
         PARTIAL_COLUMN when updates are partial (ignore_null_updates).
         Only inserts (tombstones change nothing in the table) -> append, even an empty
-        one, so the app transaction is recorded; otherwise one pruned MERGE. `added_columns`
-        (nullable) join the table's schema in the append's commit, or just before the MERGE.
+        one, so the app transaction is recorded; otherwise one commit rewriting the files that
+        hold updated or deleted keys (`rewrite`), or one MERGE pruned to their partitions.
+        `added_columns` (nullable) join the table's schema in the append's commit, or just before.
         Raises CommitFailedError when another writer won the race.
         """
-        # No retries: the commit lands on the version after this snapshot, the one its tags
-        # were checked against, or fails (the caller checks what landed and decides).
-        props = CommitProperties(
-            app_transactions=[Transaction(app_id, batch_id)], custom_metadata=dict(custom_metadata),
-            max_commit_retries=0,
-        )
         before = self.version()
         present = self.arrow_schema()
         added_columns = [f for f in added_columns if f.name not in present.names]  # a retry may have added them
-        schema = pa.schema([*present, *added_columns])
-        evolve = {"schema_mode": "merge"} if added_columns else {}
-        writes = rows.column(WRITE_COLUMN)
-        table_rows = rows.filter(pc.not_equal(writes, "tombstone"))
-        changing = table_rows.filter(pc.is_in(table_rows.column(WRITE_COLUMN), pa.array(["update", "delete"])))
-        if changing.num_rows == 0:
-            write_deltalake(self.table, _conform(table_rows, schema), mode="append", commit_properties=props,
-                            **evolve)
+        rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
+        updating = changing(rows)
+        mode = self._update_mode() if pc.any(updating).as_py() else "append"
+        # No retries: the commit lands on the version after this snapshot, the one its tags
+        # were checked against, or fails (the caller checks what landed and decides). The
+        # commit's kind is in its metadata: a rewrite's operation reads WRITE, as an append's.
+        props = CommitProperties(
+            app_transactions=[Transaction(app_id, batch_id)],
+            custom_metadata={**custom_metadata, COMMIT_KIND_PROPERTY: mode}, max_commit_retries=0,
+        )
+        writes = Writes(rows, pa.schema([*present, *added_columns]), list(key_cols), columns_of(ordering),
+                        self.partition_by, incoming_wins_ties, props)
+        if mode == "append":
+            append.commit(self.table, writes, evolve=bool(added_columns))
             self.refresh()
             return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
-        partitions = _distinct_partitions(changing, self.partition_by)
+        partitions = distinct_partitions(rows.filter(updating), self.partition_by)
         if added_columns:
             # Not MERGE's merge_schema: delta-rs 1.6.6 then gives the table a new id (every replica
             # would rebuild). A metadata commit just before keeps it and changes no row; like the
-            # MERGE it lands right after the checked version or fails, and the MERGE goes on from it.
+            # commit it lands right after the checked version or fails, and the commit goes on from it.
             self.table.alter.add_columns(Schema.from_arrow(pa.schema(added_columns)).fields,
                                          commit_properties=CommitProperties(max_commit_retries=0))
             self.table.load_as_version(before + 1)
-        self._merge(table_rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties)
+        if mode == "rewrite":
+            rewrite.commit(self.table, self.uri, writes)
+        else:
+            merge.commit(self.table, writes, partitions)
         self.refresh()
         recorded = self.transaction_version(app_id)
         if recorded is None or recorded < batch_id:
-            # The MERGE changed nothing (delta-rs then writes no version): record the batch anyway.
-            write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props, **evolve)
+            # Nothing changed (a MERGE then writes no version, a rewrite has nothing to commit):
+            # record the batch anyway.
+            write_deltalake(self.table, writes.schema.empty_table(), mode="append", commit_properties=props)
             self.refresh()
-        return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(partitions))
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions))
+
+    def _update_mode(self) -> str:
+        """How this batch's updates commit: "rewrite", or "merge" when configured or when the
+        table has a feature the rewrite cannot honour (logged once per reason)."""
+        if self.commit_mode == "merge":
+            return "merge"
+        reason = merge_only_reason(self.table)
+        if reason is None:
+            return "rewrite"
+        if reason != self._merge_reason:
+            log.warning("%s: updates commit through MERGE, not by rewriting files: the table uses %s",
+                        self.uri, reason)
+            self._merge_reason = reason
+        return "merge"
 
     def rows_in(self, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:
         """`columns` of the rows in these partitions (ids as `keys.partition_id` names them)."""
@@ -168,30 +194,6 @@ class DeltaTarget:
         latest version may already be another writer's."""
         return next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id),
                     self.version())
-
-    def _merge(self, rows, schema, key_cols, ordering, partitions, props, incoming_wins_ties) -> None:
-        types = {f.name: f.type for f in schema}
-        source = _conform(rows, schema).append_column(WRITE_COLUMN, rows.column(WRITE_COLUMN))
-        partial = PARTIAL_COLUMN in rows.column_names
-        if partial:
-            source = source.append_column(PARTIAL_COLUMN, pc.fill_null(rows.column(PARTIAL_COLUMN), False))
-        predicate = merge_predicate(key_cols, self.partition_by, partitions, types)
-        columns = {quote_ident(f.name): f"s.{quote_ident(f.name)}" for f in schema}
-        w = f"s.{quote_ident(WRITE_COLUMN)}"
-        # Guard on ordering too: the index already decided, this keeps a stale
-        # replica from ever overwriting a newer row.
-        newer = newer_sql(columns_of(ordering), quote_ident, incoming_wins_ties)
-        merge = (self.table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=props)
-                 .when_matched_delete(predicate=f"{w} = 'delete' AND {newer}"))
-        if partial:  # the first matching clause applies: partial updates keep stored values
-            merge = merge.when_matched_update(
-                updates={c: f"coalesce({v}, t.{c})" for c, v in columns.items()},
-                predicate=f"{w} <> 'delete' AND s.{quote_ident(PARTIAL_COLUMN)} AND {newer}")
-        (
-            merge.when_matched_update(updates=columns, predicate=f"{w} <> 'delete' AND {newer}")
-            .when_not_matched_insert(updates=columns, predicate=f"{w} <> 'delete'")
-            .execute()
-        )
 
 
 def append_once(
@@ -232,24 +234,3 @@ def _refuse_foreign_location(uri: str) -> None:
     if names and "_delta_log" not in names:
         raise ConfigError(f"table_uri = {uri!r} is a folder that holds files but no Delta table (no _delta_log): "
                           "the sink creates its table only in a new or empty folder")
-
-
-def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The table's columns, in its order and types (Spark's Arrow types can differ slightly)."""
-    return pa.table([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
-
-
-def _distinct_partitions(rows: pa.Table, partition_by: Sequence[str]) -> list[dict[str, str]]:
-    if not partition_by:
-        return [{}]
-    distinct = rows.select(list(partition_by)).group_by(list(partition_by)).aggregate([])
-    out = []
-    for rec in distinct.to_pylist():
-        out.append({c: _partition_string(rec[c]) for c in partition_by})
-    return out
-
-
-def _partition_string(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

@@ -15,6 +15,7 @@ from sink import keys
 SHARDS_PROPERTY = "upsert_sink.shards"  # shards that had records in the batch
 NUM_SHARDS_PROPERTY = "upsert_sink.num_shards"
 READ_VERSION_PROPERTY = "upsert_sink.read_version"  # the table version the batch was tagged against
+COMMIT_KIND_PROPERTY = "upsert_sink.commit"  # append, rewrite or merge
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,14 @@
+"""Append commit: a batch of new keys only (or nothing for the table: the app transaction
+alone), one delta-rs write."""
+
+from __future__ import annotations
+
+from deltalake import DeltaTable, write_deltalake
+
+from sink.lakehouse.writes import Writes
+
+
+def commit(table: DeltaTable, writes: Writes, evolve: bool) -> None:
+    """`evolve`: the batch adds columns, which join the table's schema in this commit."""
+    write_deltalake(table, writes.table_rows(), mode="append", commit_properties=writes.props,
+                    **({"schema_mode": "merge"} if evolve else {}))

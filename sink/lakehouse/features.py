@@ -1,0 +1,44 @@
+"""Which table features keep a table's updates on MERGE instead of the copy-on-write rewrite.
+
+`create_write_transaction` commits what it is given and checks almost nothing: files written
+by hand would skip what these features require of every writer (see
+notes/distributed-write.md §3), so such tables stay on delta-rs' MERGE, which honours them.
+"""
+
+from __future__ import annotations
+
+from deltalake import DeltaTable
+
+# Table property prefix -> why the rewrite cannot honour it.
+_PROPERTIES = {
+    "delta.enableDeletionVectors": "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)",
+    "delta.columnMapping.mode": "column mapping (files must use physical column names and ids)",
+    "delta.enableChangeDataFeed": "change data feed (a rewrite cannot write the change files)",
+    "delta.constraints.": "CHECK constraints (a rewrite does not evaluate them)",
+}
+# A table that supports deletion vectors may hold files that carry one, even with the property off.
+_DELETION_VECTORS = "deletionVectors"
+_FIELD_METADATA = {
+    "delta.invariants": "column invariants (a rewrite does not enforce them)",
+    "delta.generationExpression": "generated columns (a rewrite does not compute them)",
+}
+_OFF = ("false", "none", "")
+
+
+def merge_only_reason(table: DeltaTable) -> str | None:
+    """Why this table's updates must go through MERGE, or None when a rewrite may commit them.
+
+    Reads the snapshot's protocol, properties and field metadata (no I/O): what is in use, not
+    what the protocol merely allows (legacy protocols, writer versions 2-6, list no features).
+    """
+    if _DELETION_VECTORS in (table.protocol().writer_features or ()):
+        return _PROPERTIES["delta.enableDeletionVectors"]
+    for key, value in table.metadata().configuration.items():
+        for prefix, reason in _PROPERTIES.items():
+            if key.startswith(prefix) and (prefix.endswith(".") or (value or "").lower() not in _OFF):
+                return reason
+    for f in table.schema().fields:
+        for key in f.metadata or {}:
+            if key in _FIELD_METADATA:
+                return _FIELD_METADATA[key]
+    return None

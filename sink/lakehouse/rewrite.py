@@ -1,0 +1,268 @@
+"""Copy-on-write commit: rewrite the files that hold updated or deleted keys, write new files
+for new keys, and commit the removes and adds with the app transaction in one Delta commit.
+
+What delta-rs' MERGE does for the sink, without its join: the batch's rows are grouped by
+partition (the index put them there), each touched partition's files are probed on their key
+columns alone, and only files with a row that changes are read whole and rewritten. A stored
+row changes exactly when the MERGE's clauses would change it (`merge.py`): the incoming row is
+newer by ordering (or equal, when incoming wins ties); a delete removes it, an update replaces
+it (partial updates keep stored values where theirs are null). Rows of keys no file holds are
+inserted, deletes of them dropped.
+
+`create_write_transaction` checks almost nothing (notes/distributed-write.md §1), so
+`check_actions` does before the commit; tables with features a hand-written file would break
+stay on MERGE (`features.merge_only_reason`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from sink import keys
+from sink.errors import CommitCheckError
+from sink.lakehouse.log import filesystem
+from sink.lakehouse.stats import stats_json
+from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, conform, partition_string
+from sink.ordering import arrow_greater
+
+# Partition values written as a Hive-style folder name as they are; others (and nulls) as
+# Delta's conventions would escape them, which delta-rs would escape once more in the log:
+# such files go to the table's root, their values only in the log (readers take them there).
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One file of the snapshot the batch reads (its `add` action)."""
+
+    path: str  # as the log spells it (URL-encoded)
+    size: int
+    partition_values: dict[str, str | None]
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    action: AddAction
+    schema: pa.Schema  # as written (checked against the table's before the commit)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """The actions of one batch's rewrite."""
+
+    adds: list[WrittenFile]
+    removes: list[StoredFile]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.adds or self.removes)
+
+
+def commit(table: DeltaTable, uri: str, writes: Writes) -> int:
+    """Rewrite and commit on the version `table` has loaded (or fail: no retries); returns the
+    number of files rewritten. Commits nothing when no row changes (the caller records the
+    batch)."""
+    snapshot = stored_files(table, writes.partition_by)
+    rewrite = rewrite_files(uri, snapshot, writes)
+    if rewrite.empty:
+        return 0
+    check_actions(uri, rewrite, snapshot, writes)
+    now = int(time.time() * 1000)
+    removes = [RemoveAction(unquote(f.path), True, now, f.size, f.partition_values) for f in rewrite.removes]
+    table.create_write_transaction([*removes, *(w.action for w in rewrite.adds)], mode="append",
+                                   schema=table.schema(), partition_by=writes.partition_by or None,
+                                   commit_properties=writes.props)
+    return len(rewrite.removes)
+
+
+def stored_files(table: DeltaTable, partition_by: Sequence[str]) -> dict[str, list[StoredFile]]:
+    """The snapshot's files by partition id."""
+    actions = pa.table(table.get_add_actions(flatten=False))
+    values = actions.column("partition").to_pylist() if partition_by else [{}] * actions.num_rows
+    out: dict[str, list[StoredFile]] = {}
+    for path, size, typed in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(),
+                                 values):
+        strings = {c: partition_string(typed[c]) for c in partition_by}
+        pid = keys.partition_id(partition_by, [strings[c] for c in partition_by])
+        out.setdefault(pid, []).append(StoredFile(path, size, strings))
+    return out
+
+
+def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Writes) -> Rewrite:
+    """Write the batch's files: one task per partition, in threads (pyarrow's reads, writes
+    and kernels release the GIL)."""
+    encoded = pc.dictionary_encode(writes.partition_ids())
+    names = encoded.dictionary.to_pylist()
+    group = encoded.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(group, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(names)))])
+    rows = writes.rows.take(pa.array(order))
+    changing = writes.changing().to_numpy(zero_copy_only=False)[order]
+    groups = [rows.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(names))]
+    touched = {i for i in range(len(names)) if changing[bounds[i]:bounds[i + 1]].any()}
+    fs, root = filesystem(uri)
+    data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
+
+    def one(i: int) -> tuple[list[WrittenFile], list[StoredFile]]:
+        rows = groups[i]
+        values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
+        files = snapshot.get(names[i], []) if i in touched else []
+        outputs, removed = _rewrite_partition(fs, root, files, rows, values, writes)
+        return [_write_file(fs, root, t, values, data_schema) for t in outputs], removed
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        done = list(pool.map(one, range(len(names))))
+    return Rewrite([a for adds, _ in done for a in adds], [r for _, removes in done for r in removes])
+
+
+def _rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
+                       values: Mapping[str, str | None], writes: Writes) -> tuple[list[pa.Table], list[StoredFile]]:
+    """One partition: the tables to write (rewritten files, then new keys) and the files they
+    replace."""
+    key_schema = pa.schema([writes.schema.field(c) for c in writes.key_cols])
+    incoming_keys = _row_keys(conform(rows, key_schema), writes.key_cols)
+    matched = np.zeros(rows.num_rows, bool)
+    outputs: list[pa.Table] = []
+    removed: list[StoredFile] = []
+    for f in files:
+        path = f"{root}/{unquote(f.path)}"
+        with fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source)
+            probe = parquet.read(columns=writes.key_cols)
+            at = pc.index_in(_row_keys(conform(probe, key_schema), writes.key_cols), value_set=incoming_keys)
+            if at.null_count == len(at):
+                continue
+            matched[at.drop_null().to_numpy()] = True
+            rest = parquet.read(columns=[c for c in parquet.schema_arrow.names if c not in writes.key_cols])
+        stored = _with_partition_values(_joined(probe, rest), values, writes.schema)
+        result = apply_writes(conform(stored, writes.schema), rows, at, writes)
+        if result is not None:
+            outputs.append(result)
+            removed.append(f)
+    new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
+    if pc.any(new_keys).as_py():
+        inserts = conform(rows.filter(new_keys), writes.schema)
+        # Into a file being rewritten anyway: one file fewer per partition and batch.
+        outputs = [pa.concat_tables([outputs[0], inserts]), *outputs[1:]] if outputs else [inserts]
+    return outputs, removed
+
+
+def apply_writes(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) -> pa.Table | None:
+    """`stored` (one file, in the table's schema) after the batch's `rows`, where `at` gives
+    each stored row's incoming row (null: none); None when no row changes. Rows kept as they
+    were come first, then the updated ones."""
+    hit = pc.is_valid(at)
+    stored_hits = stored.filter(hit)
+    incoming = rows.take(at.filter(hit))
+    newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
+                                [stored_hits.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
+    if not pc.any(newer).as_py():
+        return None
+    changed = np.zeros(len(at), bool)  # per stored row: replaced or deleted
+    changed[hit.to_numpy(zero_copy_only=False)] = newer.to_numpy(zero_copy_only=False)
+    updated = pc.and_(newer, pc.invert(pc.fill_null(pc.equal(incoming.column(WRITE_COLUMN), DELETE), False)))
+    new = incoming.filter(updated)
+    columns = [new.column(f.name).cast(f.type) for f in writes.schema]
+    if writes.partial:
+        old = stored_hits.filter(updated)
+        partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
+        columns = [pc.if_else(partial, pc.coalesce(c, old.column(f.name)), c) for c, f in zip(columns, writes.schema)]
+    return pa.concat_tables([stored.filter(pa.array(~changed)), pa.table(columns, schema=writes.schema)])
+
+
+def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]], writes: Writes) -> None:
+    """What `create_write_transaction` does not check, checked before committing: every added
+    file exists at its size, every removed file is in the snapshot the batch read, partition
+    values name exactly the partition columns, files hold the table's columns and types."""
+    fs, root = filesystem(uri)
+    expected = set(writes.partition_by)
+    data_schema = pa.schema([f for f in writes.schema if f.name not in expected])
+    for w in rewrite.adds:
+        a = w.action
+        info = fs.get_file_info(f"{root}/{a.path}")
+        if info.type != pafs.FileType.File or info.size != a.size:
+            raise CommitCheckError(f"{uri}: file {a.path} to be added is missing or not {a.size} bytes "
+                                   f"(found {info.type.name}, {info.size}); nothing was committed")
+        if set(a.partition_values) != expected:
+            raise CommitCheckError(f"{uri}: file {a.path} names partition columns {sorted(a.partition_values)}, "
+                                   f"the table's are {sorted(expected)}; nothing was committed")
+        if not w.schema.equals(data_schema):
+            raise CommitCheckError(f"{uri}: file {a.path} has columns {w.schema}, the table's are {data_schema}; "
+                                   "nothing was committed")
+    read = {f.path for files in snapshot.values() for f in files}
+    for f in rewrite.removes:
+        if f.path not in read or set(f.partition_values) != expected:
+            raise CommitCheckError(f"{uri}: file {f.path} to be removed is not a file of the version the batch read; "
+                                   "nothing was committed")
+
+
+def _write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
+                data_schema: pa.Schema) -> WrittenFile:
+    """One new data file (partition columns live in the log, not in the file) and its action."""
+    data = rows.select(data_schema.names)
+    folder = ""
+    if values and all(v is not None and _PLAIN_VALUE.fullmatch(v) for v in values.values()):
+        folder = "".join(f"{c}={v}/" for c, v in values.items())
+    path = f"{folder}part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    metadata: list[pq.FileMetaData] = []
+    fs.create_dir(f"{root}/{folder}".rstrip("/"), recursive=True)
+    pq.write_table(data, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us",
+                   use_dictionary=_dictionary_columns(data), metadata_collector=metadata)
+    size = fs.get_file_info(f"{root}/{path}").size
+    stats = stats_json(metadata[0], data.schema)
+    action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
+    return WrittenFile(action, metadata[0].schema.to_arrow_schema())
+
+
+def _dictionary_columns(data: pa.Table, sample: int = 4096) -> list[str]:
+    """String columns worth dictionary-encoding: few distinct values in a sample. Parquet's
+    default tries every column and falls back past a page of distinct values, which costs
+    the write 2-3x for unique keys, timestamps and measures and makes no smaller file."""
+    head = data.slice(0, sample)
+    return [f.name for f in data.schema if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
+            and pc.count_distinct(head.column(f.name)).as_py() * 4 <= head.num_rows]
+
+
+def _joined(left: pa.Table, right: pa.Table) -> pa.Table:
+    """The columns of two reads of one file side by side."""
+    for name, column in zip(right.column_names, right.columns):
+        left = left.append_column(name, column)
+    return left
+
+
+def _with_partition_values(stored: pa.Table, values: Mapping[str, str | None], schema: pa.Schema) -> pa.Table:
+    """A data file's rows with their partition's values (the file does not hold them)."""
+    for c, v in values.items():
+        stored = stored.append_column(c, pa.array([v] * stored.num_rows, pa.string()).cast(schema.field(c).type))
+    return stored
+
+
+def _row_keys(rows: pa.Table, key_cols: Sequence[str]) -> pa.Array:
+    """Comparable keys: the column itself for one key column, the encoded key for several."""
+    if len(key_cols) == 1:
+        column = rows.column(key_cols[0])
+        return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return keys.encode_keys(rows, key_cols)
+
+
+def _newer(incoming: Sequence[pa.ChunkedArray], stored: Sequence[pa.ChunkedArray], incoming_wins_ties: bool):
+    """Row-wise: the incoming ordering is newer than the stored one (or equal, when incoming
+    wins ties); null where a value is null, as the MERGE's SQL guard."""
+    a = [keys.ordering_values(c) for c in incoming]
+    b = [keys.ordering_values(c) for c in stored]
+    return pc.invert(arrow_greater(b, a)) if incoming_wins_ties else arrow_greater(a, b)

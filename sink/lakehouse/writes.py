@@ -1,0 +1,77 @@
+"""One batch's writes as every commit path (append, merge, rewrite) takes them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties
+
+from sink import keys
+
+WRITE_COLUMN = "__sink_write"
+# ignore_null_updates: on an update, whether its null columns keep the stored values.
+PARTIAL_COLUMN = "__sink_partial"
+INSERT, UPDATE, DELETE = "insert", "update", "delete"
+
+
+@dataclass(frozen=True)
+class Writes:
+    """`rows`: one per key and partition, the table's columns in `schema` (its types and order,
+    new columns included) plus WRITE_COLUMN (insert/update/delete) and, for partial updates,
+    PARTIAL_COLUMN. Committed with `props` (the app transaction; no retries)."""
+
+    rows: pa.Table
+    schema: pa.Schema
+    key_cols: list[str]
+    ordering: list[str]
+    partition_by: list[str]
+    incoming_wins_ties: bool
+    props: CommitProperties
+
+    @property
+    def partial(self) -> bool:
+        return PARTIAL_COLUMN in self.rows.column_names
+
+    def table_rows(self) -> pa.Table:
+        """The rows as the table stores them (no write columns)."""
+        return conform(self.rows, self.schema)
+
+    def changing(self) -> pa.Array:
+        """Per row: an update or a delete (a row the table may already hold)."""
+        return changing(self.rows)
+
+    def partition_ids(self) -> pa.Array:
+        return keys.partition_ids(self.rows, self.partition_by)
+
+
+def changing(rows: pa.Table) -> pa.Array:
+    """Per row of `rows` (with WRITE_COLUMN): an update or a delete."""
+    return pc.is_in(rows.column(WRITE_COLUMN), pa.array([UPDATE, DELETE]))
+
+
+def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The table's columns, in its order and types (Spark's Arrow types can differ slightly;
+    a column `rows` lacks, e.g. one added since its file was written, reads as nulls)."""
+    return pa.table([rows.column(f.name).cast(f.type) if f.name in rows.column_names
+                     else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
+
+
+def distinct_partitions(rows: pa.Table, partition_by: Sequence[str]) -> list[dict[str, str]]:
+    """The partitions `rows` fall in, as Delta partition strings ('' for null, as
+    `predicates.partition_predicate` takes it)."""
+    if not partition_by:
+        return [{}]
+    distinct = rows.select(list(partition_by)).group_by(list(partition_by)).aggregate([])
+    return [{c: partition_string(rec[c]) or "" for c in partition_by} for rec in distinct.to_pylist()]
+
+
+def partition_string(value) -> str | None:
+    """A partition value as Delta's log writes it (null stays null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,186 @@
+"""The copy-on-write commit against delta-rs' MERGE (the same batches must give the same
+table) and against what `create_write_transaction` would let through unchecked."""
+
+import random
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from sink.errors import CommitCheckError
+from sink.lakehouse import merge, rewrite
+from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
+
+SCHEMA = pa.schema([("k1", pa.int64()), ("k2", pa.string()), ("day", pa.string()), ("o1", pa.int64()),
+                    ("o2", pa.timestamp("us", tz="UTC")), ("v", pa.string()), ("n", pa.int32())])
+DAYS = ["2024-01-01", "2024-01-02", "a b:c"]  # the last one needs escaping in a folder name
+
+
+def writes_of(records, schema=SCHEMA, ties=True, partial=False, batch=1, app="w"):
+    cols = {f.name: pa.array([r.get(f.name) for r in records], f.type) for f in schema}
+    cols[WRITE_COLUMN] = pa.array([r["w"] for r in records], pa.string())
+    if partial:
+        cols[PARTIAL_COLUMN] = pa.array([r.get("partial", True) for r in records], pa.bool_())
+    props = CommitProperties(app_transactions=[Transaction(app, batch)], max_commit_retries=0)
+    return Writes(pa.table(cols), schema, ["k1", "k2"], ["o1", "o2"], ["day"], ties, props)
+
+
+def seeded(path, n=40, seed=0):
+    rng = random.Random(seed)
+    rows = [{"k1": i % 7, "k2": f"k{i}", "day": DAYS[i % 3], "o1": rng.randrange(3),
+             "o2": pa.scalar(rng.randrange(3) * 1_000_000, pa.timestamp("us", tz="UTC")).as_py(),
+             "v": f"v{i}", "n": i} for i in range(n)]
+    table = pa.Table.from_pylist(rows, SCHEMA)
+    # Two files per partition: probes must find keys in either.
+    write_deltalake(path, table.slice(0, n // 2), partition_by=["day"])
+    write_deltalake(path, table.slice(n // 2), partition_by=["day"], mode="append")
+    return rows
+
+
+def random_batch(rng, n_keys):
+    records = {}
+    for _ in range(25):
+        i = rng.randrange(n_keys + 10)  # past n_keys: new keys
+        day = DAYS[i % 3]
+        records[(i % 7, f"k{i}", day)] = {
+            "k1": i % 7, "k2": f"k{i}", "day": day, "o1": rng.randrange(4),
+            "o2": pa.scalar(rng.randrange(3) * 1_000_000, pa.timestamp("us", tz="UTC")).as_py(),
+            "v": rng.choice([None, f"new{rng.randrange(99)}"]), "n": rng.choice([None, rng.randrange(99)]),
+            "w": rng.choice(["update", "update", "delete", "insert"]), "partial": rng.random() < 0.5}
+    return list(records.values())
+
+
+def contents(path):
+    return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda r: (r["day"], r["k1"], r["k2"]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rewrite_gives_the_table_merge_gives(tmp_path, seed):
+    """Random updates, deletes, inserts, stale records, partial updates, both tie rules."""
+    a, b = str(tmp_path / "merge"), str(tmp_path / "rewrite")
+    seeded(a), seeded(b)
+    rng = random.Random(seed)
+    ties, partial = seed % 2 == 0, seed % 3 != 0
+    for batch in range(1, 5):
+        records = random_batch(rng, 40)
+        w = writes_of(records, ties=ties, partial=partial, batch=batch)
+        merge.commit(DeltaTable(a), w, [{"day": d} for d in DAYS])
+        rewrite.commit(DeltaTable(b), b, w)
+        assert contents(b) == contents(a)
+    assert DeltaTable(b).transaction_version("w") in (None, 4)
+
+
+def test_only_files_with_a_changed_row_are_replaced(tmp_path):
+    path = str(tmp_path / "t")
+    seeded(path)
+    before = {unquote(p) for p in pa.table(DeltaTable(path).get_add_actions()).column("path").to_pylist()}
+    row = {"k1": 3, "k2": "k3", "day": DAYS[0], "o1": 9, "o2": None, "v": "x", "n": 1, "w": "update"}
+    assert rewrite.commit(DeltaTable(path), path, writes_of([row])) == 1
+    after = {unquote(p) for p in pa.table(DeltaTable(path).get_add_actions()).column("path").to_pylist()}
+    assert len(before - after) == 1 and len(after - before) == 1  # of 6 files, one replaced
+    assert [r["v"] for r in contents(path) if r["k2"] == "k3"] == ["x"]
+
+
+def test_a_partition_value_that_needs_escaping_is_removed_not_doubled(tmp_path):
+    """delta-rs encodes a remove's path again: the log's spelling would remove nothing."""
+    path = str(tmp_path / "t")
+    rows = seeded(path)
+    stored = next(r for r in rows if r["day"] == "a b:c")
+    update = {**stored, "o1": 9, "v": "moved on", "w": "update"}
+    rewrite.commit(DeltaTable(path), path, writes_of([update]))
+    mine = [r for r in contents(path) if r["k2"] == stored["k2"]]
+    assert [r["v"] for r in mine] == ["moved on"]
+    assert len(contents(path)) == len(rows)
+
+
+def test_a_stale_or_tied_record_changes_no_file(tmp_path):
+    path = str(tmp_path / "t")
+    rows = seeded(path)
+    stored = rows[4]
+    version = DeltaTable(path).version()
+    older = {**stored, "o1": stored["o1"] - 1, "v": "older", "w": "update"}
+    tied = {**rows[5], "v": "tie", "w": "delete"}
+    assert rewrite.commit(DeltaTable(path), path, writes_of([older, tied], ties=False)) == 0
+    assert DeltaTable(path).version() == version
+
+
+def test_files_without_a_new_column_read_it_as_null(tmp_path):
+    path = str(tmp_path / "t")
+    seeded(path)
+    wider = pa.schema([*SCHEMA, ("extra", pa.string())])
+    DeltaTable(path).alter.add_columns([__import__("deltalake").Field("extra", "string")])
+    row = {"k1": 0, "k2": "k7", "day": DAYS[1], "o1": 9, "o2": None, "v": "x", "n": 1, "extra": "e", "w": "update"}
+    rewrite.commit(DeltaTable(path), path, writes_of([row], schema=wider))
+    table = contents(path)
+    assert [r["extra"] for r in table if r["k2"] == "k7"] == ["e"]
+    assert {r["extra"] for r in table if r["k2"] != "k7"} == {None}
+
+
+def test_partial_updates_keep_stored_values_where_theirs_are_null(tmp_path):
+    path = str(tmp_path / "t")
+    rows = seeded(path)
+    stored = rows[0]
+    row = {**stored, "o1": 9, "v": None, "n": 77, "w": "update", "partial": True}
+    rewrite.commit(DeltaTable(path), path, writes_of([row], partial=True))
+    got = next(r for r in contents(path) if r["k2"] == stored["k2"])
+    assert (got["v"], got["n"], got["o1"]) == (stored["v"], 77, 9)
+
+
+def new_file_stats(path):
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    return actions.sort_by([("modification_time", "descending")]).slice(0, 1)
+
+
+@pytest.mark.parametrize("micros", [5_000_000, 5_000_001])
+def test_written_files_carry_the_stats_delta_rs_writes(tmp_path, micros):
+    """The same rows written by delta-rs and by the rewrite: the same add.stats; except that a
+    timestamp max is kept to the microsecond, where delta-rs 1.6.6 cuts it to the millisecond
+    (below the true max: a reader would skip the file for the rows past it)."""
+    path, ref = str(tmp_path / "t"), str(tmp_path / "ref")
+    seeded(path)
+    latest = pa.scalar(micros, pa.timestamp("us", tz="UTC")).as_py()
+    row = {"k1": 1, "k2": "new", "day": DAYS[0], "o1": 1, "o2": latest, "v": None, "n": 3, "w": "insert"}
+    seeded_update = {"k1": 0, "k2": "k0", "day": DAYS[0], "o1": 9, "o2": None, "v": "z", "n": 4, "w": "update"}
+    rewrite.commit(DeltaTable(path), path, writes_of([row, seeded_update]))
+    new_file = new_file_stats(path)
+    data = pq.read_table(f"{path}/{unquote(new_file.column('path')[0].as_py())}")
+    write_deltalake(ref, data.append_column("day", pa.array([DAYS[0]] * data.num_rows)), partition_by=["day"])
+    expected = new_file_stats(ref)
+    stat_cols = [c for c in expected.column_names if c.split(".")[0] in ("num_records", "null_count", "min", "max")]
+    exact = [c for c in stat_cols if c != "max.o2"]
+    assert new_file.select(exact).to_pylist() == expected.select(exact).to_pylist()
+    assert new_file.column("max.o2")[0].as_py() == latest
+    assert expected.column("max.o2")[0].as_py() == latest.replace(microsecond=latest.microsecond // 1000 * 1000)
+
+
+def test_a_file_gone_before_the_commit_fails_the_check_and_commits_nothing(tmp_path, monkeypatch):
+    path = str(tmp_path / "t")
+    seeded(path)
+    version = DeltaTable(path).version()
+    write_file = rewrite._write_file
+
+    def lost(fs, root, rows, values, schema):
+        written = write_file(fs, root, rows, values, schema)
+        fs.delete_file(f"{root}/{written.action.path}")
+        return written
+
+    monkeypatch.setattr(rewrite, "_write_file", lost)
+    row = {"k1": 0, "k2": "k0", "day": DAYS[0], "o1": 9, "o2": None, "v": "z", "n": 4, "w": "update"}
+    with pytest.raises(CommitCheckError, match="missing"):
+        rewrite.commit(DeltaTable(path), path, writes_of([row]))
+    assert DeltaTable(path).version() == version
+
+
+def test_a_remove_outside_the_read_version_fails_the_check(tmp_path):
+    path = str(tmp_path / "t")
+    seeded(path)
+    dt = DeltaTable(path)
+    snapshot = rewrite.stored_files(dt, ["day"])
+    foreign = rewrite.StoredFile("day=2024-01-01/part-gone.parquet", 10, {"day": "2024-01-01"})
+    with pytest.raises(CommitCheckError, match="not a file of the version the batch read"):
+        rewrite.check_actions(path, rewrite.Rewrite([], [foreign]), snapshot, writes_of([]))
+    incomplete = rewrite.StoredFile(snapshot["day=2024-01-01"][0].path, 10, {})
+    with pytest.raises(CommitCheckError, match="not a file of the version the batch read"):
+        rewrite.check_actions(path, rewrite.Rewrite([], [incomplete]), snapshot, writes_of([]))
