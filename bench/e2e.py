@@ -14,10 +14,12 @@ from bench.baseline import HandWrittenMerge
 from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
 from sink import SinkConfig, UpsertSink
 
-# The sink on its default config (tag_on = "auto": the driver, under the bench's local master),
-# the sink forced onto executor tagging, and the hand-written MERGE.
-CONTENDERS = ("sink", "sink-executors", "baseline")
-TAG_ON = {"sink": "auto", "sink-executors": "executors"}
+# The sink on its default config (tag_on = "auto": the driver, under the bench's local master;
+# commit_mode = "auto": updates rewrite files), the sink forced onto executor tagging, the sink
+# committing updates through its MERGE fallback, and the hand-written MERGE.
+CONTENDERS = ("sink", "sink-executors", "sink-merge", "baseline")
+TAG_ON = {"sink": "auto", "sink-executors": "executors", "sink-merge": "auto"}
+COMMIT_MODE = {"sink": "auto", "sink-executors": "auto", "sink-merge": "merge"}
 
 
 def stream(spark, landing: Path, checkpoint: Path, foreach) -> list[float]:
@@ -84,7 +86,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                              delete_when="op = 'd'", checkpoint_dir=str(case / name / "cp"),
                              index_dir=None if executor_index_dirs else str(case / name / "index"),
                              num_shards=num_shards, metrics_port=0,
-                             tag_on=TAG_ON[name])
+                             tag_on=TAG_ON[name], commit_mode=COMMIT_MODE[name])
             sink = UpsertSink(cfg)
             seconds = stream(spark, landing, case / name / "cp", sink)
             sink.close()

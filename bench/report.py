@@ -52,6 +52,15 @@ def markdown(result: dict) -> str:
         lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
                      + " | ".join(f"{v:.2f}" for v in shown)
                      + f" | {other:.2f} | {c['sink']['median_after_first']:.2f} |")
+    merged = [c for c in result["e2e"] if "sink-merge" in c]
+    if merged:
+        lines += ["", "| sink, default: commit phase medians (s) | table rows | rewrite (default) | MERGE (fallback) "
+                  "| rewrite / MERGE | batch, rewrite | batch, MERGE |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for c in merged:
+            rewrite, merge = c["sink"]["phases"].get("commit", 0.0), c["sink-merge"]["phases"].get("commit", 0.0)
+            lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {rewrite:.2f} | {merge:.2f} | "
+                         f"{rewrite / merge if merge else float('nan'):.2f}x | {c['sink']['median_after_first']:.2f} s "
+                         f"| {c['sink-merge']['median_after_first']:.2f} s |")
     steps = [c for c in result["e2e"] if "tag_steps" in c["sink"]]
     if steps:
         names = [n for n in steps[0]["sink"]["tag_steps"]

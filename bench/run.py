@@ -75,11 +75,13 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     labels = [f"{c['workload']}\n{c['table_rows'] // 1_000_000}M rows" for c in cases]
     x = range(len(cases))
-    width = 0.27
-    for i, (name, color) in enumerate([("baseline", "#999999"), ("sink", "#2ca02c"), ("sink-executors", "#1f77b4")]):
-        axes[0].bar([p + (i - 1) * width for p in x], [c[name]["median_after_first"] for c in cases], width,
+    width = 0.2
+    for i, (name, color) in enumerate([("baseline", "#999999"), ("sink", "#2ca02c"), ("sink-executors", "#1f77b4"),
+                                       ("sink-merge", "#ff7f0e")]):
+        axes[0].bar([p + (i - 1.5) * width for p in x], [c[name]["median_after_first"] for c in cases], width,
                     label={"baseline": "hand-written MERGE", "sink": "sink, default (driver tagging here)",
-                           "sink-executors": "sink (executor tagging)"}[name], color=color)
+                           "sink-executors": "sink (executor tagging)",
+                           "sink-merge": "sink, MERGE commit"}[name], color=color)
     axes[0].set_xticks(list(x), labels, fontsize=7, rotation=30, ha="right")
     axes[0].set_ylabel("seconds per 100k-record batch (median)")
     axes[0].set_title("End to end, side by side")
