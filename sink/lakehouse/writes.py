@@ -14,7 +14,7 @@ from sink import keys
 WRITE_COLUMN = "__sink_write"
 # ignore_null_updates: on an update, whether its null columns keep the stored values.
 PARTIAL_COLUMN = "__sink_partial"
-INSERT, UPDATE, DELETE = "insert", "update", "delete"
+UPDATE, DELETE = "update", "delete"
 
 
 @dataclass(frozen=True)
