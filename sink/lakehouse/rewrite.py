@@ -37,7 +37,7 @@ from sink import keys
 from sink.errors import CommitCheckError
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.stats import stats_json
-from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, conform, partition_string
+from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
 from sink.ordering import arrow_greater
 
 # Partition values written as a Hive-style folder name as they are; others (and nulls) as
@@ -112,9 +112,9 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
     order = np.argsort(group, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(names)))])
     rows = writes.rows.take(pa.array(order))
-    changing = writes.changing().to_numpy(zero_copy_only=False)[order]
+    updating = changing(writes.rows).to_numpy(zero_copy_only=False)[order]
     groups = [rows.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(names))]
-    touched = {i for i in range(len(names)) if changing[bounds[i]:bounds[i + 1]].any()}
+    touched = {i for i in range(len(names)) if updating[bounds[i]:bounds[i + 1]].any()}
     fs, root = filesystem(uri)
     data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
 

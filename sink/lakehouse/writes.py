@@ -39,10 +39,6 @@ class Writes:
         """The rows as the table stores them (no write columns)."""
         return conform(self.rows, self.schema)
 
-    def changing(self) -> pa.Array:
-        """Per row: an update or a delete (a row the table may already hold)."""
-        return changing(self.rows)
-
     def partition_ids(self) -> pa.Array:
         return keys.partition_ids(self.rows, self.partition_by)
 
