@@ -5,7 +5,14 @@ in one task. For each shard in its input the task opens the shard's replica, cat
 it up to the table version the driver will commit on (bootstrapping the hot window when
 the replica is new or unusable), loads the partitions its records need and the replica
 lacks (all together, concurrently), tags the records, stages the changes under the batch
-id and evicts cold partitions. It yields the tagged records and one stats row.
+id and evicts cold partitions. It writes each shard's index changelog entries (when the
+writer keeps one) and yields the tagged records and one stats row, with the task's counts
+(sink.outcomes).
+
+When Spark tasks write the batch's files (`write_files`), the task yields only what the writing
+tasks and the driver need: the writes, aimed at the rows they change (sink.moves), the
+quarantined records, and each valid delete record again (DELETE_RECORD_OP) for the driver's
+tombstone table.
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
 from sink.index import changelog
 from sink.index.catchup import catch_up
+from sink.index.entry import ordering_names
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions, table_partitions
 from sink.index.loader import read_changes
 from sink.index.replica import (
@@ -41,16 +50,20 @@ from sink.index.replica import (
     replica_spec,
     wipe_damaged,
 )
+from sink.lakehouse.delta_rs import rows_in
 from sink.lakehouse.log import read_commit
+from sink.moves import keep_stored_values, placed
 from sink.ordering import helper_columns
+from sink.outcomes import QUARANTINED, record_partitions, summary
 from sink.partial import fold_nulls
 from sink.placement import AMBIGUOUS, PLACEMENTS, place_deletes, unplaced_deletes
-from sink.tagging import INSERT, tag, tag_global
+from sink.tagging import DELETE, INSERT, TOMBSTONE, tag, tag_global
 
 log = logging.getLogger("sink")
 
 INDEX_SUBDIR = "upsert-sink-index"
-QUARANTINED = "quarantined"
+# A valid delete record, passed on to the driver for the tombstone table (write_files).
+DELETE_RECORD_OP = "_delete_record"
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,7 @@ class TaskContext:
     ignore_null_updates: bool = False  # an update's null columns keep the stored value (sink.partial)
     tombstone_ttl_hours: int | None = None  # stored deletes older than this count as absent
     deletes: bool = False  # the stream marks deletes (delete_when)
+    write_files: bool = False  # Spark tasks write the batch's files: output shaped for them
 
     @property
     def expire_before(self) -> int | None:
@@ -165,16 +179,46 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
     batches = list(batches)
     records = pa.Table.from_batches(batches) if batches else None
     stats = new_stats()
+    parts = []
     if records is not None and records.num_rows:
         bad = pc.is_valid(records.column(C.REASON))
         if pc.any(bad).as_py():
-            yield from _passed_through(records.filter(bad), ctx.output_schema).to_batches()
+            parts.append(_passed_through(records.filter(bad), ctx.output_schema))
             records = records.filter(pc.invert(bad))
         for shard in pc.unique(records.column(C.SHARD)).to_pylist():
             rows = records.filter(pc.equal(records.column(C.SHARD), shard))
-            tagged = _tag_shard(ctx, int(shard), rows, stats)
-            yield from tagged.cast(ctx.output_schema).to_batches()
+            parts.append(_tag_shard(ctx, int(shard), rows, stats).cast(ctx.output_schema))
+    if parts:
+        out = pa.concat_tables(parts)
+        pids = record_partitions(out, list(ctx.partition_cols), ctx.scope)
+        stats.update(summary(out, pids, ctx.scope, list(ctx.partition_cols)))
+        if ctx.write_files:
+            out = _for_writing(ctx, out, pids)
+        yield from out.to_batches()
     yield _stats_batch(ctx.output_schema, stats)
+
+
+def _for_writing(ctx: TaskContext, records: pa.Table, pids: pa.Array) -> pa.Table:
+    """The task's output when Spark tasks write the files: the writes (in global scope aimed at
+    the rows they change), the quarantined records, and the valid delete records again, as
+    DELETE_RECORD_OP rows that no task writes."""
+    write, op = records.column(C.WRITE), records.column(C.OP)
+    written = pc.fill_null(pc.not_equal(write, TOMBSTONE), False)
+    writes = records.filter(written)
+    if ctx.scope == "global":
+        writes = placed(writes, pids.filter(written), ctx.partition_cols)
+        if ctx.ignore_null_updates:
+            table = DeltaTable(ctx.table_uri, version=ctx.table_version)
+            writes = keep_stored_values(writes, lambda p, cols: rows_in(table, p, cols),
+                                        pa.schema(table.schema().to_arrow()).names, ctx.key_cols,
+                                        ctx.partition_cols, ctx.ordering)
+    quarantined = pc.fill_null(pc.equal(op, QUARANTINED), False)
+    deletes = records.filter(pc.and_(pc.fill_null(records.column(C.DELETE), False), pc.invert(quarantined)))
+    deletes = deletes.set_column(deletes.schema.get_field_index(C.OP), C.OP,
+                                 pa.array([DELETE_RECORD_OP] * deletes.num_rows, pa.string()))
+    deletes = deletes.set_column(deletes.schema.get_field_index(C.WRITE), C.WRITE, pa.nulls(deletes.num_rows,
+                                                                                            pa.string()))
+    return pa.concat_tables([records.filter(quarantined), deletes, writes.cast(ctx.output_schema)])
 
 
 def tag_locally(ctx: TaskContext, records: pa.Table, threads: int) -> pa.Table:
@@ -250,9 +294,9 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: 
             return read_changes(source.get().table, v, ctx.key_cols, ctx.partition_cols, ctx.ordering,
                                 shard, ctx.num_shards)
     if ctx.changelog_uri:
-        def own_changes(version: int, batch: int):
+        def own_changes(read_version: int, batch: int):
             header = dataclasses.replace(ctx.changelog_header(), batch_id=batch)
-            return changelog.read(ctx.changelog_uri, version, header, shard)
+            return changelog.read(ctx.changelog_uri, read_version, header, shard)
     report = catch_up(
         replica, ctx.table_version,
         lambda v: read_commit(ctx.table_uri, v, list(ctx.partition_cols)),
@@ -353,9 +397,35 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         .append_column(C.STATS, pa.nulls(rows.num_rows, pa.string()))
         .append_column(C.PARTIAL, partial)
     )
+    if ctx.changelog_uri:
+        changelog.write(ctx.changelog_uri, ctx.table_version, ctx.changelog_header(), shard,
+                        _changelog_entries(ctx, tagged, pids))
     clock.lap("output")
     stats["tag_seconds"] += clock.total
     return tagged if quarantined is None else pa.concat_tables([tagged.cast(ctx.output_schema), quarantined])
+
+
+def _changelog_entries(ctx: TaskContext, tagged: pa.Table, pids: pa.Array) -> pa.Table:
+    """The index entry after this batch of every key the shard's records change (what the
+    shard stages)."""
+    written = pc.is_valid(tagged.column(C.WRITE))
+    writes = tagged.filter(written)
+    write = writes.column(C.WRITE)
+    if ctx.scope == "global":
+        where = writes.column(C.LOCATION)
+    else:
+        where = pids.filter(written)
+        if ctx.partition_cols:
+            where = pc.fill_null(where, keys.null_partition_id(ctx.partition_cols))
+    width = len(ctx.ordering)
+    deleted = pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE))
+    return pa.table({
+        "pid": where,
+        "key": writes.column(C.KEY).cast(pa.binary()),
+        **{name: writes.column(c) for name, c in zip(ordering_names(width), helper_columns(width))},
+        "deleted": deleted,
+        "deleted_at": pc.if_else(deleted, int(ctx.now), 0),
+    })
 
 
 class StepClock:

@@ -32,7 +32,6 @@ from sink.errors import (
 )
 from sink.executor import (
     LOAD_REASONS,
-    QUARANTINED,
     TAG_STEPS,
     TaskContext,
     catch_up_kept_open,
@@ -41,7 +40,6 @@ from sink.executor import (
     tag_locally,
 )
 from sink.index import changelog
-from sink.index.entry import ordering_names
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
@@ -52,35 +50,48 @@ from sink.lakehouse.delta_rs import (
     CommitFailedError,
     DeltaTarget,
     append_once,
+    rows_in,
 )
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
+from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns
-from sink.ordering import helper_columns
-from sink.partial import fill_from_stored
+from sink.moves import keep_stored_values, placed
+from sink.outcomes import OUTCOMES, QUARANTINED, record_partitions
 from sink.placement import PLACEMENTS, WITHOUT_PARTITION
-from sink.prepare import NULL_PARTITION, prepare, tagged_schema, validate_stream
-from sink.tagging import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
+from sink.prepare import prepare, tagged_schema, validate_stream
+from sink.tagging import DELETE, INSERT, UPDATE
 from sink.tombstones import latest_per_key
+from sink.writing import FILE_OP, WriteContext, Written, read_written, write_batches
 
 log = logging.getLogger("sink")
+
+# A lost executor's tasks that Spark would not re-run alone: the job runs again, this many times.
+JOB_RERUNS = 2
+_ABORTED_RERUN = "Spark cannot rollback"
 
 QUARANTINE_REASON = "_quarantine_reason"
 QUARANTINE_BATCH = "_quarantine_batch_id"
 
-# What became of each input record: what reached the table (one insert, update or delete per
-# key and batch; delete_missing: a delete of a key the table does not hold, kept as a
-# tombstone only), stale (older than the stored or the batch's newer record), superseded
-# (applied, then overwritten by a later record of its key in the same batch), quarantined.
-OUTCOMES = (INSERT, UPDATE, DELETE, "delete_missing", STALE, "superseded", QUARANTINED)
-_OUTCOME_OF_WRITE = {INSERT: INSERT, UPDATE: UPDATE, DELETE: DELETE, TOMBSTONE: "delete_missing"}
-
 # Where a batch's time goes, in order. checks: schema, contract and replay checks; prepare:
 # planning the routed records; collect: the records into the driver (tag_on = "driver"), while
 # the replicas kept open catch up;
-# tag: the tagging job (executors: route, shuffle, tasks and collect in one Spark job) or
-# threads; split: tags, counts and signals read from the output.
+# tag: the tagging job (executors: route, shuffle, tagging tasks, writing tasks and collect in
+# one Spark job) or threads; split: tags, counts and signals read from the output; changelog:
+# the index changelog's retention (its entries are written by the tagging tasks).
 PHASES = ("checks", "prepare", "collect", "tag", "split", "quarantine", "tombstones", "commit", "changelog",
           "metrics")
+
+
+@dataclass(frozen=True)
+class TaggedBatch:
+    """A batch's tagging job, read back on the driver."""
+
+    # The records, tagged; when Spark tasks wrote the files, only the quarantined ones and the
+    # delete records (the writes stayed on the executors).
+    records: pa.Table
+    partitions: pa.Array  # the partition ids the batch's records name
+    shards: list[int]  # shards with records
+    written: Written | None  # what the writing tasks wrote, when they did
 
 
 @dataclass
@@ -129,6 +140,8 @@ class BatchReport:
     # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark),
     # and its steps (sink.executor.TAG_STEPS).
     shard_seconds: float = 0.0
+    jobs_rerun: int = 0  # tagging jobs Spark aborted after losing an executor, run again
+    write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)
     tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
     total_seconds: float = 0.0
 
@@ -157,7 +170,7 @@ class BatchReport:
             f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
             f"moves={self.shard_moves} mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
-            f"commit_s={self.commit_seconds:.2f} total_s={self.total_seconds:.2f} "
+            f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "
             f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "
             f"tag_steps_s={','.join(f'{p}:{s:.3f}' for p, s in self.tag_steps.items() if s >= 0.0005)}"
         )
@@ -314,17 +327,12 @@ class UpsertSink:
                     ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files, now)
                     if self._on_driver:
                         self._kept_open_dir = Path(ctx.index_root()) / ctx.table_id
-                tagged = self._tag(prepared, ctx, out_schema, report)
+                tagged = self._tag(prepared, ctx, out_schema, added, report)
                 with report.timed("split"):
-                    records, shards = self._read_tags(tagged, report)
-                    # Each record's partition, once per tagging: the signal, conflicts and changelog use it.
-                    pids = keys.partition_ids(records, cfg.partition_by)
-                    if cfg.scope == "partitioned" and cfg.partition_by:
-                        # Deletes of keys no partition holds are kept under the null partition (sink.placement).
-                        pids = pc.fill_null(pids, keys.null_partition_id(cfg.partition_by))
-                    report.keys_in_several_partitions = self._keys_in_several_partitions(records, pids, batch_id)
+                    batch = self._read_tags(tagged, report)
                     self._log_keys_in_other_partition(report)
                 if attempt == 0:
+                    records = batch.records
                     with report.timed("quarantine"):
                         self._quarantine(records, batch_df.columns, batch_id)
                     self._log_without_partition(report)
@@ -336,10 +344,13 @@ class UpsertSink:
             snapshot = self._target.version()
             try:
                 with report.timed("commit"):
-                    self._commit(records, pids, ctx, shards, added, report)
+                    if batch.written is None:
+                        self._commit(batch.records, ctx, batch.shards, added, report)
+                    else:
+                        self._commit_written(batch.written, ctx, batch.shards, added, report)
                 if self._changelog_uri and report.mode in COMMIT_KINDS:
                     with report.timed("changelog"):
-                        self._write_changelog(records, pids, ctx, report.table_version)
+                        self._sweep_changelog(ctx.table_version)
                 break
             except CommitFailedError as e:
                 self._target.refresh()
@@ -353,7 +364,7 @@ class UpsertSink:
                         f"its own table ({e})"
                     ) from e
                 report.retries += 1
-                if _touches(landed, pids, cfg.scope):
+                if _touches(landed, batch.partitions, cfg.scope):
                     ctx = None
                     log.warning("batch %s: %s committed to the batch's partitions first; tagging again "
                                 "(attempt %s)", batch_id, ", ".join(c.author() for c in landed), attempt + 2)
@@ -399,6 +410,9 @@ class UpsertSink:
             ignore_null_updates=cfg.ignore_null_updates,
             tombstone_ttl_hours=cfg.tombstone_ttl_hours,
             deletes=cfg.delete_when is not None,
+            # Executors write the batch's files where the table allows (else the driver commits
+            # from the records: a MERGE).
+            write_files=not self._on_driver and self._target.update_mode() == "rewrite",
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -407,7 +421,10 @@ class UpsertSink:
             QUARANTINE_BATCH, pa.array([batch_id] * bad.num_rows, pa.int64()))
         append_once(self.config.resolved_quarantine_uri, rows, [], self.writer_id, batch_id)
 
-    def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema, report: BatchReport) -> pa.Table:
+    def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema, added: list[pa.Field],
+             report: BatchReport) -> pa.Table:
+        """The tagging job's output: tagged records and stats rows; with `ctx.write_files`, the
+        writing tasks' file rows in place of the writes."""
         if self._on_driver:
             # The replicas catch up while Spark runs the batch's job (this thread only waits for its output).
             with ThreadPoolExecutor(max_workers=1) as pool:
@@ -418,13 +435,16 @@ class UpsertSink:
                     caught_up = ahead.result()
                     tagged = tag_locally(ctx, records, os.cpu_count() or 1)
             return pa.concat_tables([tagged, stats_table(ctx, caught_up)])
+        snapshot = None
         try:
             with report.timed("tag"):
-                return (
-                    prepared.repartition(ctx.num_shards, F.col(C.SHARD))
-                    .mapInArrow(partial(tag_batches, ctx), out_schema)
-                    .toArrow()
-                )
+                job = prepared.repartition(ctx.num_shards, F.col(C.SHARD)).mapInArrow(partial(tag_batches, ctx),
+                                                                                      out_schema)
+                if ctx.write_files:
+                    snapshot = prepared.sparkSession.sparkContext.broadcast(
+                        stored_files(self._target.table, self.config.partition_by))
+                    job = self._writing(job, ctx, out_schema, added, snapshot)
+                return self._run(job, ctx, report)
         except Exception as e:
             # A task that failed its partition loads fails the batch; the message names them.
             if PartitionLoadError.__name__ not in str(e):
@@ -432,16 +452,53 @@ class UpsertSink:
             metrics.LOAD_FAILURES.labels(self.writer_id).inc()
             detail = next((line for line in str(e).splitlines() if PartitionLoadError.__name__ in line), "")
             raise PartitionLoadError(f"batch {ctx.batch_id}: {detail.strip()}") from e
+        finally:
+            if snapshot is not None:
+                snapshot.unpersist()
 
-    def _read_tags(self, tagged: pa.Table, report: BatchReport) -> tuple[pa.Table, list[int]]:
-        """Split the task output into records and stats; fill the report's counts."""
-        is_stats = pc.equal(tagged.column(C.OP), C.STATS_OP)
+    def _run(self, job: DataFrame, ctx: TaskContext, report: BatchReport) -> pa.Table:
+        """The job's output. A lost executor normally costs its tasks, which Spark runs again;
+        when Spark will not (it aborts the job as it cannot roll back the job's last stage: seen
+        when an executor dies inside a writing task after other writing tasks finished), the job
+        runs again, up to JOB_RERUNS times. Tagging tasks run again tag the same (staged entries
+        of their batch are cleared first); files of the aborted job are never committed."""
+        for rerun in range(JOB_RERUNS + 1):
+            try:
+                return job.toArrow()
+            except Exception as e:
+                if rerun == JOB_RERUNS or not _spark_aborted_a_rerun(e):
+                    raise
+                report.jobs_rerun += 1
+                log.warning("batch %s: Spark aborted the tagging job after losing an executor (%s); running it "
+                            "again", ctx.batch_id, _spark_aborted_a_rerun(e))
+
+    def _writing(self, tagging: DataFrame, ctx: TaskContext, out_schema, added: list[pa.Field],
+                 snapshot) -> DataFrame:
+        """The writing tasks after the tagging ones: each partition's writes in one task, which
+        rewrites its files (`snapshot`: the broadcast files of the version tagged against)."""
+        cfg = self.config
+        present = self._target.arrow_schema()
+        wctx = WriteContext(
+            table_uri=cfg.table_uri,
+            schema=pa.schema([*present, *(f for f in added if f.name not in present.names)]),
+            key_cols=tuple(cfg.key), ordering=tuple(cfg.ordering_columns), partition_by=tuple(cfg.partition_by),
+            incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
+            output_schema=ctx.output_schema, files=snapshot,
+        )
+        route = [F.col(keys.quoted_column(c)) for c in cfg.partition_by] or [F.lit(0)]
+        return tagging.repartition(ctx.num_shards, *route).mapInArrow(partial(write_batches, wctx), out_schema)
+
+    def _read_tags(self, tagged: pa.Table, report: BatchReport) -> TaggedBatch:
+        """Split the job's output into records, stats and written files; fill the report's
+        counts (the tasks counted their records: the records may not be here)."""
+        op = tagged.column(C.OP)
+        is_stats, is_file = pc.equal(op, C.STATS_OP), pc.equal(op, FILE_OP)
         stats_rows = [json.loads(s) for s in tagged.filter(is_stats).column(C.STATS).to_pylist()]
-        records = tagged.filter(pc.invert(is_stats))
-        report.ops = outcomes(records.column(C.OP), records.column(C.WRITE))
-        hits = records.column(C.HIT)
-        report.hits = pc.sum(pc.cast(pc.fill_null(hits, False), "int64")).as_py() or 0
-        report.misses = pc.sum(pc.cast(pc.equal(hits, False), "int64")).as_py() or 0
+        files = tagged.filter(is_file).column(C.STATS).to_pylist()
+        records = tagged.filter(pc.invert(pc.or_(is_stats, is_file)))
+        report.ops = {o: sum(s["ops"][o] for s in stats_rows if "ops" in s) for o in OUTCOMES}
+        report.hits = sum(s.get("hits", 0) for s in stats_rows)
+        report.misses = sum(s.get("misses", 0) for s in stats_rows)
         for reason in report.partition_loads:
             report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
         report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
@@ -459,30 +516,18 @@ class UpsertSink:
         report.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
         for outcome in PLACEMENTS:
             report.without_partition[outcome] = sum(s["without_partition"][outcome] for s in stats_rows)
-        reasons = records.column(C.REASON)
-        report.without_partition["upsert"] = pc.sum(pc.cast(pc.fill_null(
-            pc.starts_with(reasons, NULL_PARTITION), False), "int64")).as_py() or 0
-        shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
-        return records, shards
-
-    def _keys_in_several_partitions(self, records: pa.Table, pids: pa.Array, batch_id: int) -> int:
-        """Count (and log, with an example) keys whose records name several partitions."""
-        if not self.config.partition_by or self.config.scope == "global":  # global: a move, not a signal
-            return 0
-        valid = pc.is_null(records.column(C.REASON))
-        batch_keys = records.column(C.KEY).filter(valid)
-        if pc.count_distinct(batch_keys).as_py() == len(batch_keys):  # no key twice: the common case, ~2x cheaper
-            return 0
-        per_key = pa.table({"k": batch_keys, "p": pids.filter(valid)}) \
-            .group_by("k").aggregate([("p", "count_distinct"), ("p", "distinct")])
-        spread = per_key.filter(pc.greater(per_key.column("p_count_distinct"), 1))
-        if spread.num_rows:
-            example = spread.slice(0, 1).to_pylist()[0]
+        report.without_partition["upsert"] = sum(s.get("upserts_without_partition", 0) for s in stats_rows)
+        report.keys_in_several_partitions = sum(s.get("keys_in_several_partitions", 0) for s in stats_rows)
+        example = next((s["several_partitions_example"] for s in stats_rows if s.get("several_partitions_example")),
+                       None)
+        if report.keys_in_several_partitions:
             log.warning("batch %s: %s key(s) have records in several partitions, each kept as its own row "
                         "(scope = 'partitioned'), e.g. key %r in %s; if a key should live in one partition "
-                        "only, that needs scope = 'global'", batch_id, spread.num_rows, example["k"],
-                        sorted(example["p_distinct"]))
-        return spread.num_rows
+                        "only, that needs scope = 'global'", report.batch_id, report.keys_in_several_partitions,
+                        *example)
+        shards = sorted({int(s) for st in stats_rows for s in st["shard_ids"]})
+        partitions = pa.array(sorted({p for st in stats_rows for p in st.get("pids", ())}), pa.string())
+        return TaggedBatch(records, partitions, shards, read_written(files) if files else None)
 
     def _log_without_partition(self, report: BatchReport) -> None:
         """One warning per batch for records quarantined for want of a partition value."""
@@ -504,15 +549,19 @@ class UpsertSink:
                         report.batch_id, report.keys_in_other_partition, report.keys_checked_in_other_partitions,
                         key, own, stored)
 
-    def _commit(self, records: pa.Table, pids: pa.Array, ctx: TaskContext, shards: list[int], added: list[pa.Field],
+    def _commit(self, records: pa.Table, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                 report: BatchReport) -> None:
+        """Commit the batch's writes from its records here."""
         cfg = self.config
         written = pc.is_valid(records.column(C.WRITE))
         writes = records.filter(written)
         if cfg.scope == "global":
-            writes = placed(writes, pids.filter(written), cfg.partition_by)
+            own = record_partitions(writes, cfg.partition_by, cfg.scope)
+            writes = placed(writes, own, cfg.partition_by)
             if cfg.ignore_null_updates:
-                writes = self._moved_keep_stored(writes)
+                writes = keep_stored_values(writes, partial(rows_in, self._target.table),
+                                            self._target.arrow_schema().names, cfg.key, cfg.partition_by,
+                                            cfg.ordering_columns)
         if writes.num_rows == 0:
             report.mode = "none"
             report.table_version = self._target.version()
@@ -526,8 +575,7 @@ class UpsertSink:
             ordering=self.config.ordering_columns,
             app_id=self.writer_id,
             batch_id=ctx.batch_id,
-            custom_metadata={SHARDS_PROPERTY: ",".join(map(str, shards)), NUM_SHARDS_PROPERTY: str(ctx.num_shards),
-                             READ_VERSION_PROPERTY: str(ctx.table_version)},
+            custom_metadata=self._commit_metadata(ctx, shards),
             incoming_wins_ties=self.config.incoming_wins_ties,
             added_columns=added,
         )
@@ -535,50 +583,37 @@ class UpsertSink:
         report.table_version = outcome.version
         report.merge_partitions = outcome.merge_partitions
 
-    def _moved_keep_stored(self, writes: pa.Table) -> pa.Table:
-        """Global scope, partial updates: a moved key's new row (an insert in its new partition)
-        takes the stored row's values where its own are null, read from the rows it replaces."""
-        cfg = self.config
-        moved_in = pc.fill_null(pc.and_(pc.equal(writes.column(C.WRITE), INSERT),
-                                        pc.and_(pc.is_valid(writes.column(C.STORED_AT)),
-                                                writes.column(C.PARTIAL))), False)
-        if not pc.any(moved_in).as_py():
-            return writes
-        keys_only = {*cfg.key, *cfg.partition_by, *cfg.ordering_columns}
-        values = [c for c in self._target.arrow_schema().names if c not in keys_only and c in writes.column_names]
-        moving = writes.filter(moved_in)
-        stored = self._target.rows_in(pc.unique(moving.column(C.STORED_AT)).to_pylist(),
-                                      [*cfg.key, *cfg.partition_by, *values])
-        filled = fill_from_stored(moving, moving.column(C.STORED_AT), stored,
-                                  keys.partition_ids(stored, cfg.partition_by), cfg.key, values)
-        return pa.concat_tables([writes.filter(pc.invert(moved_in)), filled])
+    def _commit_written(self, written: Written, ctx: TaskContext, shards: list[int], added: list[pa.Field],
+                        report: BatchReport) -> None:
+        """Commit the files the writing tasks wrote."""
+        if not any(report.ops[o] for o in (INSERT, UPDATE, DELETE, "delete_missing")):
+            report.mode = "none"
+            report.table_version = self._target.version()
+            return
+        report.write_seconds = written.seconds
+        outcome = self._target.commit_written(written.rewrite, self.writer_id, ctx.batch_id,
+                                              self._commit_metadata(ctx, shards), added,
+                                              written.partitions_changed)
+        report.mode = outcome.mode
+        report.table_version = outcome.version
+        report.merge_partitions = outcome.merge_partitions
 
-    def _write_changelog(self, records: pa.Table, pids: pa.Array, ctx: TaskContext, version: int) -> None:
-        """The index entry after this batch of every key it changed, by shard (what each
-        tagging task staged), under the version the batch landed at; then retention."""
-        written = pc.is_valid(records.column(C.WRITE))
-        writes = records.filter(written)
-        write = writes.column(C.WRITE)
-        width = len(self.config.ordering_columns)
-        entries = pa.table({
-            "shard": writes.column(C.SHARD).cast(pa.int32()),
-            "pid": writes.column(C.LOCATION) if self.config.scope == "global" else pids.filter(written),
-            "key": writes.column(C.KEY).cast(pa.binary()),
-            **{name: writes.column(c) for name, c in zip(ordering_names(width), helper_columns(width))},
-            "deleted": pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE)),
-        })
-        entries = entries.append_column("deleted_at", pc.if_else(entries.column("deleted"), int(ctx.now), 0))
+    def _commit_metadata(self, ctx: TaskContext, shards: list[int]) -> dict[str, str]:
+        return {SHARDS_PROPERTY: ",".join(map(str, shards)), NUM_SHARDS_PROPERTY: str(ctx.num_shards),
+                READ_VERSION_PROPERTY: str(ctx.table_version)}
+
+    def _sweep_changelog(self, read_version: int) -> None:
+        """The changelog's retention (the tagging tasks wrote the batch's entries): entries of
+        batches that read a version `changelog_retention_versions` older go."""
+        retention = self.config.changelog_retention_versions
+        # One listing per tenth of the window (and at the first batch) keeps the folder bounded.
+        if self._changelog_swept is not None and read_version - self._changelog_swept < max(1, retention // 10):
+            return
         try:
-            changelog.write(self._changelog_uri, version, ctx.changelog_header(), entries)
-            retention = self.config.changelog_retention_versions
-            # One listing per tenth of the window (and at the first batch) keeps the folder bounded.
-            if self._changelog_swept is None or version - self._changelog_swept >= max(1, retention // 10):
-                changelog.expire(self._changelog_uri, version - retention)
-                self._changelog_swept = version
+            changelog.expire(self._changelog_uri, read_version - retention)
+            self._changelog_swept = read_version
         except OSError as e:
-            # The batch is committed; replicas that miss it reload what it touched instead.
-            log.warning("batch %s: index changelog not written to %s (%s); shards that move will reload "
-                        "the partitions this batch touched", ctx.batch_id, self._changelog_uri, e)
+            log.warning("index changelog %s not swept (%s); the next batches try again", self._changelog_uri, e)
 
     def _write_tombstones(self, batch_df: DataFrame, batch_id: int) -> None:
         """On a replayed batch whose main commit is done: make sure its tombstones are too."""
@@ -613,6 +648,11 @@ class UpsertSink:
                     schema_mode="merge")
 
 
+def _spark_aborted_a_rerun(error: Exception) -> str | None:
+    """Spark's reason when it aborted a job rather than re-run lost tasks (None: another failure)."""
+    return next((line.strip() for line in str(error).splitlines() if _ABORTED_RERUN in line), None)
+
+
 def _touches(commits, batch_partitions: pa.Array, scope: str) -> bool:
     """Whether any of these commits changed data in a partition the batch holds records of
     (in global scope, any data at all: a key may live in any partition)."""
@@ -620,47 +660,3 @@ def _touches(commits, batch_partitions: pa.Array, scope: str) -> bool:
         return any(c.partitions is None or c.partitions for c in commits)
     ours = set(pc.unique(batch_partitions).to_pylist())
     return any(c.partitions is None or c.partitions & ours for c in commits)
-
-
-def placed(writes: pa.Table, own: pa.Array, partition_cols: list[str]) -> pa.Table:
-    """Global scope: each write aimed at the row it changes. A delete takes the partition
-    of the row the index located (its record may name none or another); a move becomes an
-    insert where the record says plus a delete of the stored row (with the record's
-    ordering, which the MERGE's guard checks). `own`: each write's record's partition id."""
-    if not partition_cols or writes.num_rows == 0:
-        return writes
-    write, stored = writes.column(C.WRITE), writes.column(C.STORED_AT)
-    deleting = pc.fill_null(pc.equal(write, DELETE), False)
-    moving = pc.fill_null(pc.and_(pc.equal(write, UPDATE), pc.not_equal(stored, own)), False)
-    if not (pc.any(deleting).as_py() or pc.any(moving).as_py()):
-        return writes
-    staying = writes.filter(pc.invert(pc.or_(deleting, moving)))
-    deletes = _at_stored(writes.filter(deleting), partition_cols)
-    moved = writes.filter(moving)
-    moved_out = _at_stored(moved, partition_cols)
-    moved_out = moved_out.set_column(moved_out.schema.get_field_index(C.WRITE), C.WRITE,
-                                     pa.array([DELETE] * moved.num_rows, pa.string()))
-    moved_in = moved.set_column(moved.schema.get_field_index(C.WRITE), C.WRITE,
-                                pa.array([INSERT] * moved.num_rows, pa.string()))
-    return pa.concat_tables([staying, deletes, moved_out, moved_in])
-
-
-def _at_stored(rows: pa.Table, partition_cols: list[str]) -> pa.Table:
-    """`rows` with their partition columns set to the partition in STORED_AT."""
-    return keys.with_partition_values(rows, rows.column(C.STORED_AT).combine_chunks(), partition_cols)
-
-
-def outcomes(op: pa.ChunkedArray, write: pa.ChunkedArray) -> dict[str, int]:
-    """Count of each OUTCOMES entry, from the records' tags."""
-    counts = dict.fromkeys(OUTCOMES, 0)
-    for name, n in zip(*_value_counts(write.drop_null())):
-        counts[_OUTCOME_OF_WRITE[name]] += n
-    unwritten = op.filter(pc.is_null(write))
-    for name, n in zip(*_value_counts(unwritten)):
-        counts[name if name in (STALE, QUARANTINED) else "superseded"] += n
-    return counts
-
-
-def _value_counts(col) -> tuple[list[str], list[int]]:
-    counts = pc.value_counts(col)
-    return counts.field("values").to_pylist(), counts.field("counts").to_pylist()

@@ -1,7 +1,9 @@
 """The scale-out streams: late events with deletes and replays over a seeded table, tagged by
 executors that each keep their replicas in their own local directory, checked against the
 oracle after every batch. Streams: "plain" and "cdf" (partitioned scope, without and with
-the change data feed), "global" (scope "global": moves, key-only deletes, re-sends).
+the change data feed), "global" (scope "global": moves, key-only deletes, re-sends), "crash"
+(plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
+files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere).
 
 One Spark application per process (a second SparkContext cannot start beside the tests'
 session), so it runs as a child process and writes its result as JSON:
@@ -15,9 +17,11 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,7 +31,27 @@ from tests.oracle import SCHEMA, Event, expected_global_rows, expected_rows, ran
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
-STREAMS = ("plain", "cdf", "global")
+STREAMS = ("plain", "cdf", "global", "crash")
+CRASH_BATCHES = (2, 5)
+ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
+
+
+def write_then_kill(folder: str, ctx, batches):
+    """A writing task (sink.writing.write_batches) that, when the stream armed it, writes its
+    files and then SIGKILLs its executor's JVM before returning them (one task per arming)."""
+    from sink.writing import write_batches
+
+    out = list(write_batches(ctx, batches))
+    try:
+        os.rename(f"{folder}/{ARMED}", f"{folder}/fired-{os.getpid()}")  # atomic: one task claims it
+    except FileNotFoundError:
+        yield from out
+        return
+    daemon = os.getppid()  # the PySpark daemon this worker forked from; its parent is the executor JVM
+    with open(f"/proc/{daemon}/stat") as stat:
+        jvm = int(stat.read().rsplit(")", 1)[1].split()[1])
+    os.kill(jvm, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def day(d: int) -> str:
@@ -51,6 +75,20 @@ def table_rows(uri: str) -> list[dict]:
 
 ARROW_SCHEMA = pa.schema([("id", pa.string()), ("dt", pa.string()), ("ts", pa.int64()), ("op", pa.string()),
                          ("v", pa.string())])
+
+
+def never_committed(uri: str) -> int:
+    """Data files under the table that no version of its log ever added (written by task
+    attempts that did not count)."""
+    added = set()
+    for entry in Path(uri, "_delta_log").glob("*.json"):
+        for line in entry.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                added.add(os.path.normpath(unquote(action["add"]["path"])))
+    on_disk = {os.path.normpath(str(p.relative_to(uri))) for p in Path(uri).rglob("*.parquet")
+               if "_delta_log" not in p.parts}
+    return len(on_disk - added)
 
 
 def seed_table(uri: str, events: list[Event], cdf: bool) -> None:
@@ -77,6 +115,12 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         stream = late_batches(11, keys, batches, per_batch, delete_share=0.02)
         expected = expected_rows
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
+    if name == "crash":
+        import functools
+
+        from sink import foreach_batch
+
+        foreach_batch.write_batches = functools.partial(write_then_kill, str(work))
     out = {"stream": name, "batches": [], "exact": True}
     for b, events in enumerate(stream):
         if scope == "partitioned":
@@ -88,9 +132,13 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         landing.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), landing)
         df = spark.read.schema(SCHEMA).parquet(str(landing))
+        armed = name == "crash" and b in CRASH_BATCHES
+        if armed:
+            (work / ARMED).touch()
         started = time.perf_counter()
         sink(df, b)
         seconds = time.perf_counter() - started
+        killed = armed and not (work / ARMED).exists()
         if b == replay_batch:
             sink(df, b)  # handed again after a crash before the checkpoint: skipped
             assert sink.reports[-1].mode == "skipped", sink.reports[-1].mode
@@ -102,7 +150,9 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
             "loads": r.partition_loads, "shard_moves": r.shard_moves,
             "changelog_applied": r.changelog_applied, "replicas_rebuilt": r.replicas_rebuilt,
             "invalidated": r.invalidated, "ops": r.ops, "misses": r.misses, "filter_misses": r.filter_misses,
-            "without_partition": r.without_partition,
+            "without_partition": r.without_partition, "write_seconds": r.write_seconds, "killed": killed,
+            "jobs_rerun": r.jobs_rerun,
+            "never_committed": never_committed(cfg.table_uri),
         })
         print(f"{name} batch {b}: exact={exact} {r.summary()} moves={r.shard_moves} "
               f"changelog={r.changelog_applied} rebuilt={r.replicas_rebuilt} loads={r.partition_loads}",
@@ -136,7 +186,7 @@ def main() -> None:
         # could keep every shard on one executor, testing no move at all.
         "spark.shuffle.reduceLocality.enabled": "false", "spark.locality.wait": "0",
     })
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "ERROR"))
     work = Path(args.work)
     results = []
     try:

@@ -11,7 +11,7 @@ import pytest
 
 from sink import SinkConfig, UpsertSink
 from tests.oracle import SCHEMA, changed_keys, expected_rows, verify_replicas
-from tests.scaleout_stream import DAYS, NOW, late_batches, seed_events, seed_table, table_rows
+from tests.scaleout_stream import CRASH_BATCHES, DAYS, NOW, late_batches, seed_events, seed_table, table_rows
 
 pytestmark = pytest.mark.spark
 
@@ -81,7 +81,7 @@ def test_two_executors_stay_exact_and_load_only_what_a_new_replica_needs(two_exe
 
 
 def test_two_executors_moved_shards_and_caught_up_from_the_changelog(two_executors):
-    for stream in two_executors:
+    for stream in (s for s in two_executors if s["stream"] != "crash"):  # crash: executors replaced
         assert sum(b["shard_moves"] for b in stream["batches"]) > 0, stream["stream"]
         assert sum(b["changelog_applied"] for b in stream["batches"]) > 0, stream["stream"]
         # Replicas are per executor: a shard's replica is created once on each executor it runs on.
@@ -100,3 +100,21 @@ def test_two_executors_keep_a_global_stream_exact_with_the_key_filter_answering_
     # Half the stream's keys are new: the filter answers them, but for its rare false positives.
     missed, filtered = sum(b["misses"] for b in batches), sum(b["filter_misses"] for b in batches)
     assert filtered >= 0.95 * missed > 0
+
+
+def test_executors_write_the_files_and_a_task_killed_with_its_executor_commits_nothing(two_executors):
+    """The file-writing tasks run on the executors. In the crash stream an executor JVM is
+    SIGKILLed inside a writing task, after it wrote its files: Spark runs the lost tasks again
+    (tagging too, its shuffle output went with the executor), the batch commits the files of
+    the attempts that finished, and the table stays exact. The killed attempt's files stay
+    behind, never committed (VACUUM removes them)."""
+    plain = next(s for s in two_executors if s["stream"] == "plain")
+    crash = next(s for s in two_executors if s["stream"] == "crash")
+    for stream in (plain, crash):
+        assert [b["exact"] for b in stream["batches"]] == [True] * len(stream["batches"]), stream["stream"]
+        assert all(b["write_seconds"] > 0 and b["mode"] in ("append", "rewrite") for b in stream["batches"])
+    assert [b["never_committed"] for b in plain["batches"]] == [0] * len(plain["batches"])
+    killed = [b["batch"] for b in crash["batches"] if b["killed"]]
+    assert killed == list(CRASH_BATCHES)
+    left = [b["never_committed"] for b in crash["batches"]]
+    assert left[: killed[0]] == [0] * killed[0] and left[killed[0]] > 0 and left[-1] > left[killed[0]]

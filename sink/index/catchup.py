@@ -15,8 +15,9 @@ ReadCommit = Callable[[int], CommitSummary | None]
 # Row-level changes of one commit for this shard (partition id -> key -> entry), or None
 # when the table has no change data feed for it.
 ReadChanges = Callable[[int], dict[str, dict[bytes, Entry]] | None]
-# This shard's index entries (CHANGES_SCHEMA) of one of this writer's commits, from the
-# changelog: (version, batch id) -> entries, or None when the changelog does not have them.
+# This shard's index entries (CHANGES_SCHEMA) of one of this writer's batches, from the
+# changelog: (version the batch was tagged against, batch id) -> entries, or None when the
+# changelog does not have them.
 ReadChangelog = Callable[[int, int], pa.Table | None]
 
 
@@ -105,7 +106,7 @@ def _apply_own(replica: ShardReplica, commit: CommitSummary, batch: int, shard: 
     if shards is not None and shard not in shards:
         return True  # the batch had no records in this shard
     report.moved_batches += 1
-    entries = read_changelog(commit.version, batch) if read_changelog else None
+    entries = read_changelog(read_version, batch) if read_changelog and read_version is not None else None
     if entries is None:
         return False
     report.changelog_applied += replica.apply_changes(entries)

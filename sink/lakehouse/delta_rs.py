@@ -23,7 +23,7 @@ from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.ordering import columns_of
 
 __all__ = ["COMMIT_KINDS", "PARTIAL_COLUMN", "WRITE_COLUMN", "CommitFailedError", "CommitOutcome", "DeltaTarget",
-           "append_once"]
+           "append_once", "rows_in"]
 
 log = logging.getLogger("sink")
 
@@ -124,14 +124,8 @@ class DeltaTarget:
         added_columns = [f for f in added_columns if f.name not in present.names]  # a retry may have added them
         rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
         updating = changing(rows)
-        mode = self._update_mode() if pc.any(updating).as_py() else "append"
-        # No retries: the commit lands on the version after this snapshot, the one its tags
-        # were checked against, or fails (the caller checks what landed and decides). The
-        # commit's kind is in its metadata: a rewrite's operation reads WRITE, as an append's.
-        props = CommitProperties(
-            app_transactions=[Transaction(app_id, batch_id)],
-            custom_metadata={**custom_metadata, COMMIT_KIND_PROPERTY: mode}, max_commit_retries=0,
-        )
+        mode = self.update_mode() if pc.any(updating).as_py() else "append"
+        props = _commit_properties(app_id, batch_id, custom_metadata, mode)
         writes = Writes(rows, pa.schema([*present, *added_columns]), list(key_cols), columns_of(ordering),
                         self.partition_by, incoming_wins_ties, props)
         if mode == "append":
@@ -139,27 +133,54 @@ class DeltaTarget:
             self.refresh()
             return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
-        if added_columns:
-            # Not MERGE's merge_schema: delta-rs 1.6.6 then gives the table a new id (every replica
-            # would rebuild). A metadata commit just before keeps it and changes no row; like the
-            # commit it lands right after the checked version or fails, and the commit goes on from it.
-            self.table.alter.add_columns(Schema.from_arrow(pa.schema(added_columns)).fields,
-                                         commit_properties=CommitProperties(max_commit_retries=0))
-            self.table.load_as_version(before + 1)
+        self._add_columns(added_columns, before)
         if mode == "rewrite":
             rewrite.commit(self.table, self.uri, writes)
         else:
             merge.commit(self.table, writes, partitions)
+        self._record_batch(app_id, batch_id, writes.schema, props)
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions))
+
+    def commit_written(self, written: rewrite.Rewrite, app_id: str, batch_id: int,
+                       custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
+                       partitions_changed: int = 0) -> CommitOutcome:
+        """Commit files written elsewhere (Spark tasks) in one transaction carrying (app_id,
+        batch_id): "rewrite" when it removes files, else "append". The removes must be files of
+        the loaded version, which the commit lands right after, or it fails (CommitFailedError)."""
+        before = self.version()
+        present = self.arrow_schema()
+        added_columns = [f for f in added_columns if f.name not in present.names]  # a retry may have added them
+        mode = "rewrite" if written.removes else "append"
+        props = _commit_properties(app_id, batch_id, custom_metadata, mode)
+        schema = pa.schema([*present, *added_columns])
+        self._add_columns(added_columns, before)
+        rewrite.commit_rewrite(self.table, self.uri, written, rewrite.stored_files(self.table, self.partition_by),
+                               schema, self.partition_by, props)
+        self._record_batch(app_id, batch_id, schema, props)
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed)
+
+    def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
+        """Add the batch's new columns in a metadata commit right after version `before`.
+        Not MERGE's merge_schema: delta-rs 1.6.6 then gives the table a new id (every replica
+        would rebuild). It keeps the id and changes no row; like the batch's commit it lands
+        right after the checked version or fails, and the commit goes on from it."""
+        if not added_columns:
+            return
+        self.table.alter.add_columns(Schema.from_arrow(pa.schema(added_columns)).fields,
+                                     commit_properties=CommitProperties(max_commit_retries=0))
+        self.table.load_as_version(before + 1)
+
+    def _record_batch(self, app_id: str, batch_id: int, schema: pa.Schema, props: CommitProperties) -> None:
+        """After a commit that may have written nothing (a MERGE then writes no version, a
+        rewrite whose stored rows are all newer has nothing to commit): record the batch
+        anyway, with an empty append."""
         self.refresh()
         recorded = self.transaction_version(app_id)
         if recorded is None or recorded < batch_id:
-            # Nothing changed (a MERGE then writes no version, a rewrite has nothing to commit):
-            # record the batch anyway.
-            write_deltalake(self.table, writes.schema.empty_table(), mode="append", commit_properties=props)
+            write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
             self.refresh()
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions))
 
-    def _update_mode(self) -> str:
+    def update_mode(self) -> str:
         """How this batch's updates commit: "rewrite", or "merge" when configured or when the
         table has a feature the rewrite cannot honour (logged once per reason)."""
         if self.commit_mode == "merge":
@@ -173,16 +194,6 @@ class DeltaTarget:
             self._merge_reason = reason
         return "merge"
 
-    def rows_in(self, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:
-        """`columns` of the rows in these partitions (ids as `keys.partition_id` names them)."""
-        if not pids:
-            return pa.schema([f for f in self.arrow_schema() if f.name in columns]).empty_table()
-        types = {f.name: f.type for f in self.arrow_schema()}
-        # Bounded like the MERGE's predicate: past the limit, the scan reads every partition.
-        where = None if len(pids) > MAX_PARTITION_LITERALS else " OR ".join(
-            f"({partition_predicate(keys.partition_values(p), types)})" for p in pids)
-        return pa.table(self.table.scan(columns=list(columns), predicate=where))
-
     def commits_since(self, version: int) -> list[CommitSummary]:
         """The commits after `version` up to the loaded one (a gone log entry reads as a
         commit that may have changed anything)."""
@@ -194,6 +205,27 @@ class DeltaTarget:
         latest version may already be another writer's."""
         return next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id),
                     self.version())
+
+
+def _commit_properties(app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> CommitProperties:
+    """No retries: the commit lands on the version after the loaded one, the one its tags were
+    checked against, or fails (the caller checks what landed and decides). The commit's kind
+    is in its metadata: a rewrite's operation reads WRITE, as an append's."""
+    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
+                            custom_metadata={**custom_metadata, COMMIT_KIND_PROPERTY: mode}, max_commit_retries=0)
+
+
+def rows_in(table: DeltaTable, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:
+    """`columns` of the rows of `table` (at its loaded version) in these partitions (ids as
+    `keys.partition_id` names them)."""
+    schema = pa.schema(table.schema().to_arrow())
+    if not pids:
+        return pa.schema([f for f in schema if f.name in columns]).empty_table()
+    types = {f.name: f.type for f in schema}
+    # Bounded like the MERGE's predicate: past the limit, the scan reads every partition.
+    where = None if len(pids) > MAX_PARTITION_LITERALS else " OR ".join(
+        f"({partition_predicate(keys.partition_values(p), types)})" for p in pids)
+    return pa.table(table.scan(columns=list(columns), predicate=where))
 
 
 def append_once(

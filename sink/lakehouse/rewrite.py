@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from sink import keys
@@ -78,15 +78,23 @@ def commit(table: DeltaTable, uri: str, writes: Writes) -> int:
     number of files rewritten. Commits nothing when no row changes (the caller records the
     batch)."""
     snapshot = stored_files(table, writes.partition_by)
-    rewrite = rewrite_files(uri, snapshot, writes)
+    return commit_rewrite(table, uri, rewrite_files(uri, snapshot, writes), snapshot, writes.schema,
+                          writes.partition_by, writes.props)
+
+
+def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]],
+                   schema: pa.Schema, partition_by: Sequence[str], props: CommitProperties) -> int:
+    """Check the files written (here or by Spark tasks) against `snapshot` (the files of the
+    version `table` has loaded) and commit them with `props` in one transaction; returns the
+    number of files rewritten. Commits nothing when `rewrite` is empty."""
     if rewrite.empty:
         return 0
-    check_actions(uri, rewrite, snapshot, writes)
+    check_actions(uri, rewrite, snapshot, schema, partition_by)
     now = int(time.time() * 1000)
     removes = [RemoveAction(unquote(f.path), True, now, f.size, f.partition_values) for f in rewrite.removes]
     table.create_write_transaction([*removes, *(w.action for w in rewrite.adds)], mode="append",
-                                   schema=table.schema(), partition_by=writes.partition_by or None,
-                                   commit_properties=writes.props)
+                                   schema=table.schema(), partition_by=list(partition_by) or None,
+                                   commit_properties=props)
     return len(rewrite.removes)
 
 
@@ -116,22 +124,27 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
     groups = [rows.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(names))]
     touched = {i for i in range(len(names)) if updating[bounds[i]:bounds[i + 1]].any()}
     fs, root = filesystem(uri)
-    data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
 
-    def one(i: int) -> tuple[list[WrittenFile], list[StoredFile]]:
-        rows = groups[i]
-        values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
-        files = snapshot.get(names[i], []) if i in touched else []
-        outputs, removed = _rewrite_partition(fs, root, files, rows, values, writes)
-        return [_write_file(fs, root, t, values, data_schema) for t in outputs], removed
+    def one(i: int) -> Rewrite:
+        return rewrite_partition(fs, root, snapshot.get(names[i], []) if i in touched else [], groups[i], writes)
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         done = list(pool.map(one, range(len(names))))
-    return Rewrite([a for adds, _ in done for a in adds], [r for _, removes in done for r in removes])
+    return Rewrite([a for r in done for a in r.adds], [f for r in done for f in r.removes])
 
 
-def _rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
-                       values: Mapping[str, str | None], writes: Writes) -> tuple[list[pa.Table], list[StoredFile]]:
+def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
+                      writes: Writes) -> Rewrite:
+    """The writes `rows` of one partition, whose files are `files` (none: only inserts):
+    the rewritten files and new keys written, and the files they replace."""
+    values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
+    outputs, removed = _partition_tables(fs, root, files, rows, values, writes)
+    data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
+    return Rewrite([_write_file(fs, root, t, values, data_schema) for t in outputs], removed)
+
+
+def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
+                      values: Mapping[str, str | None], writes: Writes) -> tuple[list[pa.Table], list[StoredFile]]:
     """One partition: the tables to write (rewritten files, then new keys) and the files they
     replace."""
     key_schema = pa.schema([writes.schema.field(c) for c in writes.key_cols])
@@ -185,13 +198,14 @@ def apply_writes(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes)
     return pa.concat_tables([stored.filter(pa.array(~changed)), pa.table(columns, schema=writes.schema)])
 
 
-def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]], writes: Writes) -> None:
+def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]], schema: pa.Schema,
+                  partition_by: Sequence[str]) -> None:
     """What `create_write_transaction` does not check, checked before committing: every added
     file exists at its size, every removed file is in the snapshot the batch read, partition
     values name exactly the partition columns, files hold the table's columns and types."""
     fs, root = filesystem(uri)
-    expected = set(writes.partition_by)
-    data_schema = pa.schema([f for f in writes.schema if f.name not in expected])
+    expected = set(partition_by)
+    data_schema = pa.schema([f for f in schema if f.name not in expected])
     for w in rewrite.adds:
         a = w.action
         info = fs.get_file_info(f"{root}/{a.path}")

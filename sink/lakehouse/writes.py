@@ -21,7 +21,8 @@ UPDATE, DELETE = "update", "delete"
 class Writes:
     """`rows`: one per key and partition, the table's columns in `schema` (its types and order,
     new columns included) plus WRITE_COLUMN (insert/update/delete) and, for partial updates,
-    PARTIAL_COLUMN. Committed with `props` (the app transaction; no retries)."""
+    PARTIAL_COLUMN. Committed with `props` (the app transaction; no retries; None in the Spark
+    tasks that write a batch's files, whose driver commits them)."""
 
     rows: pa.Table
     schema: pa.Schema
@@ -29,7 +30,7 @@ class Writes:
     ordering: list[str]
     partition_by: list[str]
     incoming_wins_ties: bool
-    props: CommitProperties
+    props: CommitProperties | None
 
     @property
     def partial(self) -> bool:

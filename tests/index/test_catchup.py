@@ -119,7 +119,7 @@ def test_delete_learned_from_the_changelog_when_the_batch_ran_on_another_executo
         report = catch_up(r, 6, {6: own_commit(6, 3, read_version=5, num_shards=4)}.get, WRITER, SHARD,
                           read_changes=lambda v: {"p1": {b"k": Entry(1, True)}}, read_changelog=changelog,
                           num_shards=4)
-        assert asked == [(6, 3)]
+        assert asked == [(5, 3)]  # by the version the batch was tagged against
         assert (report.moved_batches, report.changelog_applied, report.invalidated) == (1, 1, set())
         assert r.lookup("p1", [b"k"]) == [Entry(DELETE_AT, True)]
         assert set(r.partitions()) == {"p1", "p2", "p3"}
@@ -129,10 +129,18 @@ def test_own_commit_missing_from_the_changelog_invalidates_rather_than_trust_the
     # The feed's delete row carries the deleted row's ordering (1), weaker than the delete (50):
     # a reload (which reads the tombstone table) is the exact way back.
     with replica_at(tmp_path, 5) as r:
-        report = catch_up(r, 6, {6: own_commit(6, 3)}.get, WRITER, SHARD,
+        report = catch_up(r, 6, {6: own_commit(6, 3, read_version=5)}.get, WRITER, SHARD,
                           read_changes=lambda v: {"p1": {b"k": Entry(1, True)}}, read_changelog=lambda v, b: None)
         assert report.moved_batches == 1 and report.invalidated == {"p1"}
         assert not r.has_partition("p1") and r.was_invalidated("p1")
+
+
+def test_own_commit_without_its_read_version_invalidates_without_asking_the_changelog(tmp_path):
+    # The changelog is filed by the version a batch read: a commit that does not say it cannot be found.
+    with replica_at(tmp_path, 5) as r:
+        report = catch_up(r, 6, {6: own_commit(6, 3)}.get, WRITER, SHARD,
+                          read_changelog=lambda v, b: pytest.fail("nothing to look it up by"))
+        assert report.moved_batches == 1 and report.invalidated == {"p1"}
 
 
 def test_delete_by_another_writer_learned_from_the_feed_keeps_the_deleted_rows_ordering(tmp_path):
@@ -170,9 +178,9 @@ def test_entries_of_two_ordering_columns_arrive_through_the_changelog_and_stagin
     spec = replica_spec(["id"], [], ["ts", "seq"])
     uri = str(tmp_path / "changelog")
     header = changelog.Header("table", WRITER, 3, 4, spec)
-    changelog.write(uri, 6, header, pa.table({
-        "shard": pa.array([SHARD], pa.int32()), "pid": ["p1"], "key": [b"k"], "ordering": [5], "ordering_1": [2],
-        "deleted": [True], "deleted_at": [1_700_000_000]}))
+    changelog.write(uri, 5, header, SHARD, pa.table({
+        "pid": ["p1"], "key": [b"k"], "ordering": [5], "ordering_1": [2], "deleted": [True],
+        "deleted_at": [1_700_000_000]}))
     with ShardReplica.open(tmp_path / "r", spec) as r:
         r.set_version(5)
         r.load_partition("p1", [b"j", b"k"], [Entry((4, 9)), Entry((5, 1))], reason="on_demand")

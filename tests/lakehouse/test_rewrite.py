@@ -180,7 +180,7 @@ def test_a_remove_outside_the_read_version_fails_the_check(tmp_path):
     snapshot = rewrite.stored_files(dt, ["day"])
     foreign = rewrite.StoredFile("day=2024-01-01/part-gone.parquet", 10, {"day": "2024-01-01"})
     with pytest.raises(CommitCheckError, match="not a file of the version the batch read"):
-        rewrite.check_actions(path, rewrite.Rewrite([], [foreign]), snapshot, writes_of([]))
+        rewrite.check_actions(path, rewrite.Rewrite([], [foreign]), snapshot, SCHEMA, ["day"])
     incomplete = rewrite.StoredFile(snapshot["day=2024-01-01"][0].path, 10, {})
     with pytest.raises(CommitCheckError, match="not a file of the version the batch read"):
-        rewrite.check_actions(path, rewrite.Rewrite([], [incomplete]), snapshot, writes_of([]))
+        rewrite.check_actions(path, rewrite.Rewrite([], [incomplete]), snapshot, SCHEMA, ["day"])

@@ -1,0 +1,120 @@
+"""The file-writing task that runs on executors (inside `mapInArrow`), after the tagging tasks.
+
+Tagged writes arrive routed by the partition they change (`repartition(n, *partition_by)`),
+so each partition's rows are all in one task: it rewrites the partition's files that hold
+changed keys and writes the new keys (sink.lakehouse.rewrite), and yields only what the
+driver commits: one FILE_OP row per file added or removed, its action as JSON, and one with
+the task's counts. The rows the driver needs (tagging stats, quarantined records, delete
+records for the tombstone table: every row without a write) pass through.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.transaction import AddAction
+
+from sink import columns as C
+from sink.lakehouse.rewrite import Rewrite, StoredFile, WrittenFile, rewrite_files
+from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
+from sink.tagging import TOMBSTONE
+
+FILE_OP = "_file"
+
+
+@dataclass(frozen=True)
+class WriteContext:
+    """Everything a writing task needs, pickled from the driver."""
+
+    table_uri: str
+    schema: pa.Schema  # the table's columns, with those the batch adds
+    key_cols: tuple[str, ...]
+    ordering: tuple[str, ...]
+    partition_by: tuple[str, ...]
+    incoming_wins_ties: bool
+    partial: bool  # ignore_null_updates
+    output_schema: pa.Schema
+    # The files of the version the batch was tagged against, by partition id: a Spark
+    # broadcast (its `.value`), or the mapping itself.
+    files: object
+
+    def stored_files(self) -> Mapping[str, list[StoredFile]]:
+        return getattr(self.files, "value", self.files)
+
+
+def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: write this task's partitions' files, pass the other rows through."""
+    started = time.perf_counter()
+    batches = list(batches)
+    if not batches:
+        return
+    records = pa.Table.from_batches(batches)
+    write = records.column(C.WRITE)
+    passed = pc.is_null(write)
+    if pc.any(passed).as_py():
+        yield from records.filter(passed).to_batches()
+    rows = records.filter(pc.fill_null(pc.not_equal(write, TOMBSTONE), False))
+    if not rows.num_rows:
+        return
+    columns = [*C.stream_columns(rows.column_names), WRITE_COLUMN, *([PARTIAL_COLUMN] if ctx.partial else [])]
+    writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
+                    ctx.incoming_wins_ties, None)
+    rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
+    changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
+    counts = {"task": {"rows": rows.num_rows, "partitions_changed": len(changed),
+                       "seconds": time.perf_counter() - started}}
+    actions = [*(added_json(w) for w in rewrite.adds), *(removed_json(f) for f in rewrite.removes), counts]
+    yield _file_rows(ctx.output_schema, [json.dumps(a) for a in actions])
+
+
+@dataclass
+class Written:
+    """What the writing tasks did, read back on the driver."""
+
+    rewrite: Rewrite
+    rows: int  # writes, tombstones aside
+    partitions_changed: int
+    seconds: float  # summed over the tasks
+
+
+def read_written(texts: list[str]) -> Written:
+    """The FILE_OP rows' JSON, gathered."""
+    adds, removes, rows, changed, seconds = [], [], 0, 0, 0.0
+    for action in map(json.loads, texts):
+        if "add" in action:
+            a = action["add"]
+            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(action["schema"])))
+            adds.append(WrittenFile(AddAction(a["path"], a["size"], a["partition_values"], a["modification_time"],
+                                              True, a["stats"]), schema))
+        elif "remove" in action:
+            r = action["remove"]
+            removes.append(StoredFile(r["path"], r["size"], r["partition_values"]))
+        else:
+            task = action["task"]
+            rows += task["rows"]
+            changed += task["partitions_changed"]
+            seconds += task["seconds"]
+    return Written(Rewrite(adds, removes), rows, changed, seconds)
+
+
+def added_json(written: WrittenFile) -> dict:
+    a = written.action
+    return {"add": {"path": a.path, "size": a.size, "partition_values": dict(a.partition_values),
+                    "modification_time": a.modification_time, "stats": a.stats},
+            "schema": base64.b64encode(written.schema.serialize().to_pybytes()).decode()}
+
+
+def removed_json(stored: StoredFile) -> dict:
+    return {"remove": {"path": stored.path, "size": stored.size, "partition_values": stored.partition_values}}
+
+
+def _file_rows(schema: pa.Schema, texts: list[str]) -> pa.RecordBatch:
+    n = len(texts)
+    values = {C.OP: pa.array([FILE_OP] * n, pa.string()), C.STATS: pa.array(texts, pa.string())}
+    return pa.RecordBatch.from_arrays([values.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
