@@ -35,6 +35,13 @@ def markdown(result: dict) -> str:
                          f"{case['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
                          f"({case['ratio_baseline_over_sink_executors']:.2f}x) | {sink['median_warm']:.2f} s | {loads} | "
                          f"{moves} |")
+    if result.get("driver_memory"):
+        lines += ["", "| one batch, executor tagging, two executors | commit | driver's Python peak above its "
+                  "peak before | batch | table equal to expected |", "|---:|---|---:|---:|---|"]
+        for c in result["driver_memory"]:
+            how = "files written by executors" if c["commit_mode"] == "auto" else "MERGE fallback (rows collected)"
+            lines.append(f"| {c['records']:,} records | {how} ({c['mode']}) | {c['driver_peak_rise_mb']:,.0f} MB "
+                         f"| {c['batch_seconds']:.1f} s | {c['table_exact']} |")
     if result.get("e2e_tiny"):
         lines += ["", "| tiny batches (events mix) | table rows | records per batch | hand-written MERGE | sink, default "
                   "| sink, executor tagging |", "|---|---:|---:|---:|---:|---:|"]

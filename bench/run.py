@@ -25,12 +25,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 QUICK = {"sizes": [1_000_000], "workloads": ["events", "insert-only"], "batches": 3, "batch_rows": 100_000,
          "tag_index_keys": 200_000, "index_partitions": 2, "index_keys_per_partition": 200_000,
-         "commit_sizes": [1_000_000], "commit_repeats": 1, "global_sizes": [200_000]}
+         "commit_sizes": [1_000_000], "commit_repeats": 1, "global_sizes": [200_000],
+         "memory_sizes": [100_000, 1_000_000]}
 FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000],
         "workloads": ["events", "insert-only", "update-heavy", "recent-updates"],
         "batches": 4, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,
         "index_keys_per_partition": 1_000_000, "commit_sizes": [1_000_000, 5_000_000, 10_000_000],
-        "commit_repeats": 2, "global_sizes": [1_000_000, 10_000_000]}
+        "commit_repeats": 2, "global_sizes": [1_000_000, 10_000_000], "memory_sizes": [100_000, 1_000_000]}
 
 
 TINY_BATCH_ROWS = [1, 100, 1000]
@@ -63,6 +64,20 @@ def two_executor_figures(params: dict) -> list[dict]:
                         "--batches", str(2 * params["batches"]), "--batch-rows", str(params["batch_rows"]),
                         "--out", str(out)], check=True, cwd=Path(__file__).resolve().parent.parent)
         return json.loads(out.read_text())["cases"]
+
+
+def driver_memory_figures(sizes: list[int]) -> list[dict]:
+    """bench.driver_memory, one child process per size and commit mode (a Spark application
+    each, and its own peak RSS): the executors writing the files, and the MERGE fallback."""
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "driver-memory.json"
+        for mode in ("auto", "merge"):
+            for n in sizes:
+                subprocess.run([sys.executable, "-m", "bench.driver_memory", "--records", str(n), "--commit-mode", mode,
+                                "--out", str(out)], check=True, cwd=Path(__file__).resolve().parent.parent)
+                cases.append(json.loads(out.read_text()))
+    return cases
 
 
 def plot(result: dict, path: Path) -> None:
@@ -134,6 +149,8 @@ def main() -> None:
     spark.stop()
     print("== end to end, two executors (events, executor tagging)", flush=True)
     result["e2e_two_executors"] = two_executor_figures(params)
+    print("== the driver's memory per batch (executor tagging, two executors)", flush=True)
+    result["driver_memory"] = driver_memory_figures(params["memory_sizes"])
     result["seconds"] = round(time.perf_counter() - started, 1)
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / f"{name}-{dt.date.today().isoformat()}"
