@@ -29,8 +29,9 @@ def users_config(tmp_path, **extra):
                       num_shards=2, metrics_port=0, **extra)
 
 
-def test_except_columns_route_records_but_are_not_stored(spark, tmp_path):
-    cfg = users_config(tmp_path, except_columns=["operation"])
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_except_columns_route_records_but_are_not_stored(spark, tmp_path, tag_on):
+    cfg = users_config(tmp_path, except_columns=["operation"], tag_on=tag_on)
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame(CHANGES[:4], USERS), 0)
     sink(spark.createDataFrame(CHANGES[4:], USERS), 1)
@@ -104,13 +105,16 @@ def test_ignore_null_updates_off_stores_the_nulls(spark, tmp_path):
     assert rows_of(cfg.table_uri) == [(1, 25.2, None, None, 3)]
 
 
-def test_ignore_null_updates_keeps_stored_values_when_a_global_key_moves(spark, tmp_path):
-    cfg = partial_config(tmp_path, scope="global", partition_by=["dt"])
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_ignore_null_updates_keeps_stored_values_when_a_global_key_moves(spark, tmp_path, tag_on):
+    cfg = partial_config(tmp_path, scope="global", partition_by=["dt"], tag_on=tag_on)
     schema = "k INT, dt STRING, price DOUBLE, title STRING, seq INT"
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([(1, "2026-11-01", 9.5, "kept", 1), (2, "2026-11-01", 1.0, "two", 1)], schema), 0)
     sink(spark.createDataFrame([(1, "2026-11-02", None, None, 2), (2, "2026-11-02", 3.0, None, 2)], schema), 1)
     assert rows_of(cfg.table_uri) == [(1, "2026-11-02", 9.5, "kept", 2), (2, "2026-11-02", 3.0, "two", 2)]
+    # Executor tagging: the moved rows were filled and written by Spark tasks, not the driver.
+    assert (sink.reports[-1].write_seconds > 0) == (tag_on == "executors")
 
 
 def test_ignore_null_updates_must_be_a_boolean(tmp_path):
