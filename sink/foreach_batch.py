@@ -48,6 +48,7 @@ from sink.lakehouse.delta_rs import (
     PARTIAL_COLUMN,
     WRITE_COLUMN,
     CommitFailedError,
+    CommitOutcome,
     DeltaTarget,
     append_once,
     rows_in,
@@ -56,7 +57,7 @@ from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARD
 from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns
 from sink.moves import keep_stored_values, placed
-from sink.outcomes import OUTCOMES, QUARANTINED, record_partitions
+from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED, record_partitions
 from sink.placement import PLACEMENTS, WITHOUT_PARTITION
 from sink.prepare import prepare, tagged_schema, validate_stream
 from sink.tagging import DELETE, INSERT, UPDATE
@@ -153,6 +154,14 @@ class BatchReport:
         finally:
             self.phases[phase] += time.perf_counter() - started
 
+    def record(self, outcome: CommitOutcome) -> None:
+        """What the commit did; updates it found the table already held count as unchanged."""
+        self.mode = outcome.mode
+        self.table_version = outcome.version
+        self.merge_partitions = outcome.merge_partitions
+        self.ops[UPDATE] -= outcome.unchanged
+        self.ops[UNCHANGED] += outcome.unchanged
+
     @property
     def tag_seconds(self) -> float:
         return self.phases["collect"] + self.phases["tag"]
@@ -165,7 +174,8 @@ class BatchReport:
         o = self.ops
         return (
             f"batch={self.batch_id} in={self.records_in} inserted={o['insert']} updated={o['update']} "
-            f"deleted={o['delete']} delete_missing={o['delete_missing']} stale={o['stale']} "
+            f"deleted={o['delete']} delete_missing={o['delete_missing']} unchanged={o['unchanged']} "
+            f"stale={o['stale']} "
             f"superseded={o['superseded']} quarantined={o['quarantined']} "
             f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
             f"moves={self.shard_moves} mode={self.mode} "
@@ -579,9 +589,7 @@ class UpsertSink:
             incoming_wins_ties=self.config.incoming_wins_ties,
             added_columns=added,
         )
-        report.mode = outcome.mode
-        report.table_version = outcome.version
-        report.merge_partitions = outcome.merge_partitions
+        report.record(outcome)
 
     def _commit_written(self, written: Written, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                         report: BatchReport) -> None:
@@ -594,9 +602,7 @@ class UpsertSink:
         outcome = self._target.commit_written(written.rewrite, self.writer_id, ctx.batch_id,
                                               self._commit_metadata(ctx, shards), added,
                                               written.partitions_changed)
-        report.mode = outcome.mode
-        report.table_version = outcome.version
-        report.merge_partitions = outcome.merge_partitions
+        report.record(outcome)
 
     def _commit_metadata(self, ctx: TaskContext, shards: list[int]) -> dict[str, str]:
         return {SHARDS_PROPERTY: ",".join(map(str, shards)), NUM_SHARDS_PROPERTY: str(ctx.num_shards),

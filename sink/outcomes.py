@@ -15,9 +15,11 @@ QUARANTINED = "quarantined"
 
 # What became of each input record: what reached the table (one insert, update or delete per
 # key and batch; delete_missing: a delete of a key the table does not hold, kept as a
-# tombstone only), stale (older than the stored or the batch's newer record), superseded
-# (applied, then overwritten by a later record of its key in the same batch), quarantined.
-OUTCOMES = (INSERT, UPDATE, DELETE, "delete_missing", STALE, "superseded", QUARANTINED)
+# tombstone only), unchanged (an update the stored row already held: a re-delivery, found at
+# the commit), stale (older than the stored or the batch's newer record), superseded (applied,
+# then overwritten by a later record of its key in the same batch), quarantined.
+UNCHANGED = "unchanged"
+OUTCOMES = (INSERT, UPDATE, DELETE, "delete_missing", UNCHANGED, STALE, "superseded", QUARANTINED)
 _OUTCOME_OF_WRITE = {INSERT: INSERT, UPDATE: UPDATE, DELETE: DELETE, TOMBSTONE: "delete_missing"}
 
 

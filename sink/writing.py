@@ -67,7 +67,7 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
                     ctx.incoming_wins_ties, None)
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
-    counts = {"task": {"rows": rows.num_rows, "partitions_changed": len(changed),
+    counts = {"task": {"rows": rows.num_rows, "partitions_changed": len(changed), "unchanged": rewrite.unchanged,
                        "seconds": time.perf_counter() - started}}
     actions = [*(added_json(w) for w in rewrite.adds), *(removed_json(f) for f in rewrite.removes), counts]
     yield _file_rows(ctx.output_schema, [json.dumps(a) for a in actions])
@@ -85,7 +85,7 @@ class Written:
 
 def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
-    adds, removes, rows, changed, seconds = [], [], 0, 0, 0.0
+    adds, removes, rows, changed, unchanged, seconds = [], [], 0, 0, 0, 0.0
     for action in map(json.loads, texts):
         if "add" in action:
             a = action["add"]
@@ -99,8 +99,9 @@ def read_written(texts: list[str]) -> Written:
             task = action["task"]
             rows += task["rows"]
             changed += task["partitions_changed"]
+            unchanged += task["unchanged"]
             seconds += task["seconds"]
-    return Written(Rewrite(adds, removes), rows, changed, seconds)
+    return Written(Rewrite(adds, removes, unchanged), rows, changed, seconds)
 
 
 def added_json(written: WrittenFile) -> dict:

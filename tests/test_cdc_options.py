@@ -42,6 +42,29 @@ def test_except_columns_route_records_but_are_not_stored(spark, tmp_path, tag_on
         (124, "Raul", "Oaxaca", 1), (125, "Mercedes", "Guadalajara", 6), (126, "Lily", "Cancun", 2)]
 
 
+@pytest.mark.parametrize("tag_on, commit_mode, partial", [
+    ("driver", "auto", False), ("executors", "auto", False), ("driver", "merge", False), ("executors", "merge", True),
+    ("executors", "auto", True)])
+def test_identical_redeliveries_write_no_file_and_count_as_unchanged(spark, tmp_path, tag_on, commit_mode, partial):
+    cfg = users_config(tmp_path, except_columns=["operation"], tag_on=tag_on, commit_mode=commit_mode,
+                       ignore_null_updates=partial)
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame(CHANGES[:4], USERS), 0)
+    before = DeltaTable(cfg.table_uri).to_pyarrow_table().sort_by("userId")
+    again = CHANGES[:4]  # delivered again, same sequenceNum (ties = "incoming": the re-delivery wins the tie)
+    if partial:
+        again = [(u, None, city, op, seq) for u, _, city, op, seq in again]  # a null keeps the stored name
+    sink(spark.createDataFrame(again, USERS), 1)
+    report = sink.reports[-1]
+    assert (report.ops["update"], report.ops["unchanged"]) == (0, 4)
+    table = DeltaTable(cfg.table_uri)
+    assert table.to_pyarrow_table().sort_by("userId").equals(before)
+    # The batch is recorded (its app transaction) by a commit that adds and removes no file (no MERGE).
+    assert table.transaction_version("users") == 1 and table.history(1)[0]["operation"] == "WRITE"
+    previous = DeltaTable(cfg.table_uri, version=table.version() - 1)
+    assert table.file_uris() == previous.file_uris()
+
+
 def test_except_columns_must_be_in_the_stream_and_leave_the_ordering_stored(spark, tmp_path):
     with pytest.raises(ConfigError, match=r"except_columns \['sequenceNum'\] are key, partition or ordering"):
         users_config(tmp_path, except_columns=["operation", "sequenceNum"])

@@ -191,8 +191,9 @@ def test_tombstones_keep_one_row_per_key_and_batch(spark, tmp_path):
 def expected_outcomes(records, stored):
     """Independent count: per key of one batch, records older than the stored entry are
     stale, the newest of the rest (later arrival on a tie) reaches the table, the others are
-    superseded. `stored`: (ordering, deleted) or None."""
-    counts = dict.fromkeys(["insert", "update", "delete", "delete_missing", "stale", "superseded"], 0)
+    superseded; an update that holds exactly the stored row's values is unchanged. `stored`:
+    (ordering, deleted, stored values) or None."""
+    counts = dict.fromkeys(["insert", "update", "delete", "delete_missing", "unchanged", "stale", "superseded"], 0)
     applied = [(e.ts, pos, e) for pos, e in enumerate(records) if stored is None or e.ts >= stored[0]]
     counts["stale"] = len(records) - len(applied)
     if applied:
@@ -200,10 +201,12 @@ def expected_outcomes(records, stored):
         live = stored is not None and not stored[1]
         if winner.op == "d":
             counts["delete" if live else "delete_missing"] += 1
+        elif live and (winner.ts, (winner.op, winner.v)) == (stored[0], stored[2]):
+            counts["unchanged"] += 1
         else:
             counts["update" if live else "insert"] += 1
         counts["superseded"] = len(applied) - 1
-        stored = (winner.ts, winner.op == "d")
+        stored = (winner.ts, winner.op == "d", (winner.op, winner.v))
     return counts, stored
 
 

@@ -102,8 +102,8 @@ def test_a_foreign_commit_is_caught_up_exactly(spark, cfg, cdf):
         # Exactly the two partitions the foreign merge touched are dropped and reload.
         assert (report.invalidated, report.partition_loads["invalidated"]) == (2, 2)
     assert report.partition_loads["on_demand"] == 0
-    assert report.ops == {"insert": 0, "update": 2, "delete": 0, "delete_missing": 0, "stale": 1, "superseded": 0,
-                          "quarantined": 0}
+    assert report.ops == {"insert": 0, "update": 2, "delete": 0, "delete_missing": 0, "unchanged": 0, "stale": 1,
+                          "superseded": 0, "quarantined": 0}
     table = rows_of(cfg.table_uri)
     assert table[(day(2), "k2-0")] == (at(2, 30), "foreign")
     assert table[(day(3), "k3-0")] == (at(3, 40), "newer")

@@ -106,7 +106,7 @@ max_files_per_trigger = 1
 
     expected = {
         ("upsert_sink_records_total", "op"): {"insert": 130, "update": 50, "delete": 10, "delete_missing": 0,
-                                              "stale": 10, "superseded": 0, "quarantined": 5},
+                                              "unchanged": 0, "stale": 10, "superseded": 0, "quarantined": 5},
         # Exist at 0 from the start, so increase() alerts can fire on the first failure.
         ("upsert_sink_index_load_failures_total", "sink"): {SINK: 0},
         ("sum by (result) (upsert_sink_index_lookups_total{SINK})", "result"): {"hit": 70, "miss": 130},

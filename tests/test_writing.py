@@ -56,13 +56,14 @@ def test_files_written_by_tasks_give_the_table_the_drivers_rewrite_gives(tmp_pat
     stored = seeded(by_tasks, seed=seed)
     for batch in range(1, 4):
         records = random_batch(rng, len(stored))
-        rewrite.commit(DeltaTable(by_driver), by_driver, writes_of(records, partial=True, batch=batch))
+        done = rewrite.commit(DeltaTable(by_driver), by_driver, writes_of(records, partial=True, batch=batch))
         # As Spark routes them: each partition's writes in one task, two partitions in the first.
         tasks = [[r for r in records if r["day"] in days] for days in (DAYS[:2], DAYS[2:])]
         written = commit(by_tasks, run_tasks(context(by_tasks, partial=True), [tagged(t) for t in tasks]), batch)
         assert written.rows == len(records)
         assert written.partitions_changed == len({r["day"] for r in records if r["w"] in ("update", "delete")})
         assert written.seconds > 0
+        assert written.rewrite.unchanged == done.unchanged  # no-op updates, counted where they are found
         assert contents(by_tasks) == contents(by_driver), f"after batch {batch}"
 
 

@@ -35,6 +35,7 @@ class CommitOutcome:
     mode: str  # one of COMMIT_KINDS
     version: int
     merge_partitions: int  # partitions holding updated or deleted keys
+    unchanged: int = 0  # updates that changed nothing: the stored row already held them
 
 
 class DeltaTarget:
@@ -135,11 +136,11 @@ class DeltaTarget:
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
         self._add_columns(added_columns, before)
         if mode == "rewrite":
-            rewrite.commit(self.table, self.uri, writes)
+            unchanged = rewrite.commit(self.table, self.uri, writes).unchanged
         else:
-            merge.commit(self.table, writes, partitions)
+            unchanged = merge.commit(self.table, writes, partitions)
         self._record_batch(app_id, batch_id, writes.schema, props)
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions))
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions), unchanged)
 
     def commit_written(self, written: rewrite.Rewrite, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
@@ -157,7 +158,7 @@ class DeltaTarget:
         rewrite.commit_rewrite(self.table, self.uri, written, rewrite.stored_files(self.table, self.partition_by),
                                schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, schema, props)
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed)
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed, written.unchanged)
 
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         """Add the batch's new columns in a metadata commit right after version `before`.

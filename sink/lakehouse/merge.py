@@ -13,8 +13,11 @@ from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 from sink.ordering import newer_sql
 
 
-def commit(table: DeltaTable, writes: Writes, partitions: Sequence[Mapping[str, str]]) -> None:
-    """`partitions`: those holding the batch's updated or deleted keys (the scan's pruning)."""
+def commit(table: DeltaTable, writes: Writes, partitions: Sequence[Mapping[str, str]]) -> int:
+    """`partitions`: those holding the batch's updated or deleted keys (the scan's pruning).
+    Returns how many updates the MERGE left alone: no-ops (the stored row already holds exactly
+    the new values, e.g. an event delivered again with its ordering), which match no update
+    clause and rewrite no file; or, should a replica be behind, rows the ordering guard kept."""
     schema = writes.schema
     rows = writes.rows
     types = {f.name: f.type for f in schema}
@@ -30,12 +33,23 @@ def commit(table: DeltaTable, writes: Writes, partitions: Sequence[Mapping[str, 
     merge = (table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=writes.props)
              .when_matched_delete(predicate=f"{w} = 'delete' AND {newer}"))
     if writes.partial:  # the first matching clause applies: partial updates keep stored values
+        partial_values = {c: f"coalesce({v}, t.{c})" for c, v in columns.items()}
         merge = merge.when_matched_update(
-            updates={c: f"coalesce({v}, t.{c})" for c, v in columns.items()},
-            predicate=f"{w} <> 'delete' AND s.{quote_ident(PARTIAL_COLUMN)} AND {newer}")
-    (
-        merge.when_matched_update(updates=columns, predicate=f"{w} <> 'delete' AND {newer}")
+            updates=partial_values,
+            predicate=f"{w} <> 'delete' AND s.{quote_ident(PARTIAL_COLUMN)} AND {newer} AND {_differs(partial_values)}")
+        whole = f"{w} <> 'delete' AND NOT s.{quote_ident(PARTIAL_COLUMN)}"
+    else:
+        whole = f"{w} <> 'delete'"
+    metrics = (
+        merge.when_matched_update(updates=columns, predicate=f"{whole} AND {newer} AND {_differs(columns)}")
         .when_not_matched_insert(updates=columns, predicate=f"{w} <> 'delete'")
         .execute()
     )
+    updates = pc.sum(pc.cast(pc.equal(rows.column(WRITE_COLUMN), "update"), "int64")).as_py() or 0
+    return max(0, updates - metrics.get("num_target_rows_updated", 0))
+
+
+def _differs(values: Mapping[str, str]) -> str:
+    """SQL: the row the update would write differs from the stored one in some column."""
+    return "NOT (" + " AND ".join(f"(t.{c} IS NOT DISTINCT FROM {v})" for c, v in values.items()) + ")"
 

@@ -63,23 +63,25 @@ class WrittenFile:
 
 @dataclass(frozen=True)
 class Rewrite:
-    """The actions of one batch's rewrite."""
+    """The actions of one batch's rewrite, and how many of its updates were no-ops (the stored
+    row already held exactly the update's values: a re-delivery)."""
 
     adds: list[WrittenFile]
     removes: list[StoredFile]
+    unchanged: int = 0
 
     @property
     def empty(self) -> bool:
         return not (self.adds or self.removes)
 
 
-def commit(table: DeltaTable, uri: str, writes: Writes) -> int:
-    """Rewrite and commit on the version `table` has loaded (or fail: no retries); returns the
-    number of files rewritten. Commits nothing when no row changes (the caller records the
-    batch)."""
+def commit(table: DeltaTable, uri: str, writes: Writes) -> Rewrite:
+    """Rewrite and commit on the version `table` has loaded (or fail: no retries); returns what
+    it committed. Commits nothing when no row changes (the caller records the batch)."""
     snapshot = stored_files(table, writes.partition_by)
-    return commit_rewrite(table, uri, rewrite_files(uri, snapshot, writes), snapshot, writes.schema,
-                          writes.partition_by, writes.props)
+    rewrite = rewrite_files(uri, snapshot, writes)
+    commit_rewrite(table, uri, rewrite, snapshot, writes.schema, writes.partition_by, writes.props)
+    return rewrite
 
 
 def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]],
@@ -130,7 +132,8 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         done = list(pool.map(one, range(len(names))))
-    return Rewrite([a for r in done for a in r.adds], [f for r in done for f in r.removes])
+    return Rewrite([a for r in done for a in r.adds], [f for r in done for f in r.removes],
+                   sum(r.unchanged for r in done))
 
 
 def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
@@ -138,20 +141,22 @@ def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     """The writes `rows` of one partition, whose files are `files` (none: only inserts):
     the rewritten files and new keys written, and the files they replace."""
     values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
-    outputs, removed = _partition_tables(fs, root, files, rows, values, writes)
+    outputs, removed, unchanged = _partition_tables(fs, root, files, rows, values, writes)
     data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
-    return Rewrite([_write_file(fs, root, t, values, data_schema) for t in outputs], removed)
+    return Rewrite([_write_file(fs, root, t, values, data_schema) for t in outputs], removed, unchanged)
 
 
 def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
-                      values: Mapping[str, str | None], writes: Writes) -> tuple[list[pa.Table], list[StoredFile]]:
-    """One partition: the tables to write (rewritten files, then new keys) and the files they
-    replace."""
+                      values: Mapping[str, str | None], writes: Writes
+                      ) -> tuple[list[pa.Table], list[StoredFile], int]:
+    """One partition: the tables to write (rewritten files, then new keys), the files they
+    replace, and the no-op updates."""
     key_schema = pa.schema([writes.schema.field(c) for c in writes.key_cols])
     incoming_keys = _row_keys(conform(rows, key_schema), writes.key_cols)
     matched = np.zeros(rows.num_rows, bool)
     outputs: list[pa.Table] = []
     removed: list[StoredFile] = []
+    unchanged = 0
     for f in files:
         path = f"{root}/{unquote(f.path)}"
         with fs.open_input_file(path) as source:
@@ -163,7 +168,8 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
             matched[at.drop_null().to_numpy()] = True
             rest = parquet.read(columns=[c for c in parquet.schema_arrow.names if c not in writes.key_cols])
         stored = _with_partition_values(_joined(probe, rest), values, writes.schema)
-        result = apply_writes(conform(stored, writes.schema), rows, at, writes)
+        result, no_ops = apply_writes(conform(stored, writes.schema), rows, at, writes)
+        unchanged += no_ops
         if result is not None:
             outputs.append(result)
             removed.append(f)
@@ -172,30 +178,53 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
         inserts = conform(rows.filter(new_keys), writes.schema)
         # Into a file being rewritten anyway: one file fewer per partition and batch.
         outputs = [pa.concat_tables([outputs[0], inserts]), *outputs[1:]] if outputs else [inserts]
-    return outputs, removed
+    return outputs, removed, unchanged
 
 
-def apply_writes(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) -> pa.Table | None:
+def apply_writes(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) -> tuple[pa.Table | None, int]:
     """`stored` (one file, in the table's schema) after the batch's `rows`, where `at` gives
     each stored row's incoming row (null: none); None when no row changes. Rows kept as they
-    were come first, then the updated ones."""
+    were come first, then the updated ones. Also: how many updates were no-ops (the stored row
+    already holds exactly the new values, e.g. an event delivered again with its ordering):
+    they change nothing and rewrite no file."""
     hit = pc.is_valid(at)
     stored_hits = stored.filter(hit)
     incoming = rows.take(at.filter(hit))
     newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
                                 [stored_hits.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
     if not pc.any(newer).as_py():
-        return None
-    changed = np.zeros(len(at), bool)  # per stored row: replaced or deleted
-    changed[hit.to_numpy(zero_copy_only=False)] = newer.to_numpy(zero_copy_only=False)
+        return None, 0
     updated = pc.and_(newer, pc.invert(pc.fill_null(pc.equal(incoming.column(WRITE_COLUMN), DELETE), False)))
     new = incoming.filter(updated)
+    old = stored_hits.filter(updated)
     columns = [new.column(f.name).cast(f.type) for f in writes.schema]
     if writes.partial:
-        old = stored_hits.filter(updated)
         partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
         columns = [pc.if_else(partial, pc.coalesce(c, old.column(f.name)), c) for c, f in zip(columns, writes.schema)]
-    return pa.concat_tables([stored.filter(pa.array(~changed)), pa.table(columns, schema=writes.schema)])
+    same = _same_rows(columns, old, writes.schema)
+    changing = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
+    changing[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
+    if not changing.any():
+        return None, int(same.sum())
+    changed = np.zeros(len(at), bool)  # per stored row
+    changed[hit.to_numpy(zero_copy_only=False)] = changing
+    replaced = pa.table(columns, schema=writes.schema).filter(pa.array(~same))
+    return pa.concat_tables([stored.filter(pa.array(~changed)), replaced]), int(same.sum())
+
+
+def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> np.ndarray:
+    """Per row: every column of the new row equals the stored one (nulls equal nulls). A type
+    Arrow cannot compare (nested, say) counts as changed, as does NaN: rewriting is safe."""
+    same = np.ones(old.num_rows, bool)
+    for new, f in zip(columns, schema):
+        before = old.column(f.name)
+        try:
+            equal = pc.fill_null(pc.equal(new, before), False)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            return np.zeros(old.num_rows, bool)
+        both_null = pc.and_(pc.is_null(new), pc.is_null(before))
+        same &= pc.or_(equal, both_null).to_numpy(zero_copy_only=False)
+    return same
 
 
 def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]], schema: pa.Schema,

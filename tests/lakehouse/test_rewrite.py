@@ -77,7 +77,7 @@ def test_only_files_with_a_changed_row_are_replaced(tmp_path):
     seeded(path)
     before = {unquote(p) for p in pa.table(DeltaTable(path).get_add_actions()).column("path").to_pylist()}
     row = {"k1": 3, "k2": "k3", "day": DAYS[0], "o1": 9, "o2": None, "v": "x", "n": 1, "w": "update"}
-    assert rewrite.commit(DeltaTable(path), path, writes_of([row])) == 1
+    assert len(rewrite.commit(DeltaTable(path), path, writes_of([row])).removes) == 1
     after = {unquote(p) for p in pa.table(DeltaTable(path).get_add_actions()).column("path").to_pylist()}
     assert len(before - after) == 1 and len(after - before) == 1  # of 6 files, one replaced
     assert [r["v"] for r in contents(path) if r["k2"] == "k3"] == ["x"]
@@ -102,8 +102,33 @@ def test_a_stale_or_tied_record_changes_no_file(tmp_path):
     version = DeltaTable(path).version()
     older = {**stored, "o1": stored["o1"] - 1, "v": "older", "w": "update"}
     tied = {**rows[5], "v": "tie", "w": "delete"}
-    assert rewrite.commit(DeltaTable(path), path, writes_of([older, tied], ties=False)) == 0
+    assert rewrite.commit(DeltaTable(path), path, writes_of([older, tied], ties=False)).empty
     assert DeltaTable(path).version() == version
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_an_identical_redelivery_rewrites_no_file_and_matches_no_merge_update(tmp_path, partial):
+    """At-least-once delivery sends an event again with its ordering: the stored row already
+    holds it. A partial update whose values are null or equal to the stored ones is the same."""
+    by_rewrite, by_merge = str(tmp_path / "rewrite"), str(tmp_path / "merge")
+    rows = seeded(by_rewrite)
+    seeded(by_merge)
+    again = [{**rows[i], "w": "update"} for i in (0, 3, 4)]
+    if partial:
+        again[1] = {**again[1], "v": None}  # null keeps the stored value: still the same row
+    versions = DeltaTable(by_rewrite).version(), DeltaTable(by_merge).version()
+    done = rewrite.commit(DeltaTable(by_rewrite), by_rewrite, writes_of(again, partial=partial))
+    assert (done.empty, done.unchanged) == (True, 3)
+    assert merge.commit(DeltaTable(by_merge), writes_of(again, partial=partial), [{"day": d} for d in DAYS]) == 3
+    assert (DeltaTable(by_rewrite).version(), DeltaTable(by_merge).version()) == versions  # nothing committed
+    # Beside a real change in the same file, only that change is written.
+    changed = {**rows[3], "v": "changed", "w": "update"}
+    done = rewrite.commit(DeltaTable(by_rewrite), by_rewrite, writes_of([again[0], changed], partial=partial))
+    assert (len(done.removes), done.unchanged) == (1, 1)
+    assert merge.commit(DeltaTable(by_merge), writes_of([again[0], changed], partial=partial),
+                        [{"day": d} for d in DAYS]) == 1
+    assert contents(by_rewrite) == contents(by_merge)
+    assert next(r for r in contents(by_rewrite) if r["k2"] == rows[3]["k2"])["v"] == "changed"
 
 
 def test_files_without_a_new_column_read_it_as_null(tmp_path):
