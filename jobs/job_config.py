@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.envelopes import ENVELOPES
 from sink.config import SinkConfig
 from sink.errors import ConfigError
 
@@ -31,7 +32,10 @@ class SourceConfig:
     corrupt_records: bool = True
     # Spark SQL expressions the records are selected through before the sink sees them (empty:
     # as read), e.g. a CDC envelope's fields: "coalesce(after.id, before.id) AS id", "source.lsn AS lsn".
+    # With an envelope, they apply to its flattened columns (e.g. "*", "date_format(...) AS month").
     select: list[str] = field(default_factory=list)
+    # A CDC envelope the job flattens first (jobs/envelopes.py): "none" or "debezium".
+    envelope: str = "none"
 
     def __post_init__(self) -> None:
         if self.format not in SOURCE_FORMATS:
@@ -42,6 +46,9 @@ class SourceConfig:
             raise ConfigError("source.schema must be a Spark DDL string, e.g. 'id STRING, ts TIMESTAMP'")
         if not isinstance(self.select, list) or not all(isinstance(e, str) and e.strip() for e in self.select):
             raise ConfigError(f"source.select must be a list of Spark SQL expressions, got {self.select!r}")
+        if self.envelope not in ENVELOPES:
+            raise ConfigError(f"source.envelope = {self.envelope!r} is not accepted; accepted values: "
+                              f"{list(ENVELOPES)}")
         if not isinstance(self.corrupt_records, bool):
             raise ConfigError(f"source.corrupt_records must be true or false, got {self.corrupt_records!r}")
         if self.max_files_per_trigger is not None and (

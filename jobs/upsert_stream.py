@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 
 from pyspark.sql.types import StringType, StructType  # noqa: E402
 
+from jobs.envelopes import debezium_select  # noqa: E402
 from jobs.job_config import TEXT_FORMATS, JobConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import UpsertSink  # noqa: E402
@@ -58,7 +59,10 @@ def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_sec
     reader = spark.readStream.format(src.format).schema(schema).options(**options)
     if src.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
-    stream = selected(reader.load(src.path), src.select, cfg.sink.corrupt_record_column)
+    stream = reader.load(src.path)
+    if src.envelope == "debezium":
+        stream = selected(stream, debezium_select(schema), cfg.sink.corrupt_record_column)
+    stream = selected(stream, src.select, cfg.sink.corrupt_record_column)
     sink.validate(stream)  # a config naming a missing column fails here, before any batch
     writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", cfg.sink.checkpoint_dir)
     if once:
