@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -60,7 +59,11 @@ def expected(uri_seed_keys: np.ndarray, batch: pa.Table) -> pa.Table:
 
 
 def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """This process's peak RSS. VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across
+    fork and exec, so a child of a large process (make bench's) would report its parent's peak."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024  # kB
 
 
 def main() -> None:
