@@ -35,22 +35,26 @@ def other_writer_appends(uri, events, writer="other", batch=0):
 
 
 def racing(sink, race):
-    """Let `race()` commit to the table once, between the sink's tagging and its commit."""
-    commit = sink._target.commit
+    """Let `race()` commit to the table once, between the sink's tagging and its commit (of
+    rows here, or of the files Spark tasks wrote)."""
     calls = []
 
-    def first_loses(*args, **kwargs):
-        if not calls:
-            race()
-        calls.append(1)
-        return commit(*args, **kwargs)
+    def first_loses(commit):
+        def run(*args, **kwargs):
+            if not calls:
+                race()
+            calls.append(1)
+            return commit(*args, **kwargs)
+        return run
 
-    sink._target.commit = first_loses
+    for name in ("commit", "commit_written"):
+        setattr(sink._target, name, first_loses(getattr(sink._target, name)))
     return calls
 
 
-def test_an_insert_raced_by_another_writers_insert_of_the_same_key_is_tagged_again(spark, tmp_path):
-    cfg = config(tmp_path, "a", max_commit_retries=1)
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_an_insert_raced_by_another_writers_insert_of_the_same_key_is_tagged_again(spark, tmp_path, tag_on):
+    cfg = config(tmp_path, "a", max_commit_retries=1, tag_on=tag_on)
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([Event("seed", "2025-01-01", 1, "u", "s")], SCHEMA), 0)
     # Both writers insert key k: a blind append would leave two rows.
@@ -63,8 +67,9 @@ def test_an_insert_raced_by_another_writers_insert_of_the_same_key_is_tagged_aga
     assert (len(calls), report.retries, report.ops["update"], report.mode) == (2, 1, 1, "rewrite")
 
 
-def test_a_race_on_other_partitions_commits_without_tagging_again(spark, tmp_path):
-    cfg = config(tmp_path, "a", max_commit_retries=1)
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_a_race_on_other_partitions_commits_without_tagging_again(spark, tmp_path, tag_on):
+    cfg = config(tmp_path, "a", max_commit_retries=1, tag_on=tag_on)
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([Event("seed", "2025-01-01", 1, "u", "s")], SCHEMA), 0)
     calls = racing(sink, lambda: other_writer_appends(cfg.table_uri, [Event("x", "2025-01-09", 3, "u", "other")]))

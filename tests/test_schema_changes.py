@@ -22,8 +22,9 @@ def rows(uri):
     return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
 
 
-def test_a_new_column_mid_stream_is_added_in_the_batchs_commit_and_costs_no_reload(spark, tmp_path):
-    cfg = config(tmp_path)
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])  # executors: Spark tasks write the wider files
+def test_a_new_column_mid_stream_is_added_in_the_batchs_commit_and_costs_no_reload(spark, tmp_path, tag_on):
+    cfg = config(tmp_path, tag_on=tag_on)
     sink = UpsertSink(cfg)
     first = [Event("a", "2025-01-01", 1, "u", "x"), Event("b", "2025-01-01", 1, "u", "x")]
     sink(spark.createDataFrame(first, SCHEMA), 0)
