@@ -202,12 +202,12 @@ def apply_writes(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes)
         partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
         columns = [pc.if_else(partial, pc.coalesce(c, old.column(f.name)), c) for c, f in zip(columns, writes.schema)]
     same = _same_rows(columns, old, writes.schema)
-    changing = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
-    changing[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
-    if not changing.any():
+    gone = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
+    gone[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
+    if not gone.any():
         return None, int(same.sum())
     changed = np.zeros(len(at), bool)  # per stored row
-    changed[hit.to_numpy(zero_copy_only=False)] = changing
+    changed[hit.to_numpy(zero_copy_only=False)] = gone
     replaced = pa.table(columns, schema=writes.schema).filter(pa.array(~same))
     return pa.concat_tables([stored.filter(pa.array(~changed)), replaced]), int(same.sum())
 
