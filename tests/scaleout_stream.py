@@ -5,6 +5,11 @@ the change data feed), "global" (scope "global": moves, key-only deletes, re-sen
 (plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
 files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere).
 
+Where the scheduler sends a shard's task is up to Spark, and a stream can keep every shard on
+one executor. So in OCCUPIED_BATCHES (but in the crash stream) one executor is kept busy by a
+task of another job, each time the other one than before: the batch runs on the free executor,
+and every shard moves at least once.
+
 One Spark application per process (a second SparkContext cannot start beside the tests'
 session), so it runs as a child process and writes its result as JSON:
 
@@ -19,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import unquote
@@ -27,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
+from sink.executor import spark_local_dirs
 from tests.oracle import SCHEMA, Event, expected_global_rows, expected_rows, random_events, random_global_batches
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
@@ -34,6 +41,7 @@ DAYS = 30
 STREAMS = ("plain", "cdf", "global", "crash")
 CRASH_BATCHES = (2, 5)
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
+OCCUPIED_BATCHES = (2, 4, 6)
 
 
 def write_then_kill(folder: str, ctx, batches):
@@ -52,6 +60,61 @@ def write_then_kill(folder: str, ctx, batches):
         jvm = int(stat.read().rsplit(")", 1)[1].split()[1])
     os.kill(jvm, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def occupy(folder: str, avoid: str | None, _rows):
+    """A task that keeps its executor busy until the driver releases it, unless it runs on the
+    executor to avoid or another task has claimed the occupation first (at most one blocks).
+    Yields the executor it ran on: its Spark local dirs, one set per executor."""
+    here = os.pathsep.join(spark_local_dirs())
+    if here != avoid:
+        try:
+            os.mkdir(f"{folder}/occupying")  # atomic: one task claims it
+        except FileExistsError:
+            pass
+        else:
+            Path(f"{folder}/occupying/executor").write_text(here)
+            deadline = time.monotonic() + 600
+            while not os.path.exists(f"{folder}/release") and time.monotonic() < deadline:
+                time.sleep(0.05)
+    yield here
+
+
+class Occupation:
+    """One executor kept busy by a two-task job running beside the batch: the first task that
+    lands elsewhere than `avoid` blocks until `release()`."""
+
+    def __init__(self, spark, folder: Path, avoid: str | None):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("release", "occupying/executor", "occupying"):
+            path = folder / name
+            path.rmdir() if path.is_dir() else path.unlink(missing_ok=True)
+        self.thread = threading.Thread(target=self._run, args=(spark, avoid), daemon=True)
+        self.thread.start()
+
+    def _run(self, spark, avoid: str | None) -> None:
+        import functools
+
+        for _ in range(20):  # both tasks can land on `avoid`, one after the other: try again
+            spark.sparkContext.parallelize(range(2), 2).mapPartitions(
+                functools.partial(occupy, str(self.folder), avoid)).collect()
+            if (self.folder / "occupying").exists():
+                return
+
+    def occupied(self) -> str:
+        """The executor kept busy, once its task holds it."""
+        marker = self.folder / "occupying" / "executor"
+        deadline = time.monotonic() + 300
+        while not (marker.exists() and marker.read_text()):
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("no task of the occupying job held an executor")
+            time.sleep(0.05)
+        return marker.read_text()
+
+    def release(self) -> None:
+        (self.folder / "release").touch()
+        self.thread.join()
 
 
 def day(d: int) -> str:
@@ -122,6 +185,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
 
         foreach_batch.write_batches = functools.partial(write_then_kill, str(work))
     out = {"stream": name, "batches": [], "exact": True}
+    last_occupied = None
     for b, events in enumerate(stream):
         if scope == "partitioned":
             # Every other delete carries the key alone, as CDC feeds send them: a key lives in one
@@ -135,6 +199,10 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         armed = name == "crash" and b in CRASH_BATCHES
         if armed:
             (work / ARMED).touch()
+        occupation = None
+        if name != "crash" and b in OCCUPIED_BATCHES:
+            occupation = Occupation(spark, work / "occupation", avoid=last_occupied)
+            last_occupied = occupation.occupied()
         started = time.perf_counter()
         sink(df, b)
         seconds = time.perf_counter() - started
@@ -142,6 +210,8 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         if b == replay_batch:
             sink(df, b)  # handed again after a crash before the checkpoint: skipped
             assert sink.reports[-1].mode == "skipped", sink.reports[-1].mode
+        if occupation:
+            occupation.release()
         r = sink.reports[-2 if b == replay_batch else -1]
         exact = table_rows(cfg.table_uri) == expected([seed, *stream[: b + 1]])
         out["exact"] &= exact
@@ -151,7 +221,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
             "changelog_applied": r.changelog_applied, "replicas_rebuilt": r.replicas_rebuilt,
             "invalidated": r.invalidated, "ops": r.ops, "misses": r.misses, "filter_misses": r.filter_misses,
             "without_partition": r.without_partition, "write_seconds": r.write_seconds, "killed": killed,
-            "jobs_rerun": r.jobs_rerun,
+            "jobs_rerun": r.jobs_rerun, "occupied": occupation is not None,
             "never_committed": never_committed(cfg.table_uri),
         })
         print(f"{name} batch {b}: exact={exact} {r.summary()} moves={r.shard_moves} "
