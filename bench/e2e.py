@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from bench.baseline import HandWrittenMerge
 from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
 from sink import SinkConfig, UpsertSink
+from sink.index.replica import ShardReplica
 
 # The sink on its default config (tag_on = "auto": the driver, under the bench's local master;
 # commit_mode = "auto": updates rewrite files), the sink forced onto executor tagging, the sink
@@ -41,6 +42,17 @@ def stream(spark, landing: Path, checkpoint: Path, foreach) -> list[float]:
 def table_contents(uri: str) -> pa.Table:
     table = DeltaTable(uri).to_pyarrow_table()
     return table.sort_by([("id", "ascending"), ("dt", "ascending")]).combine_chunks()
+
+
+def index_memory(index_dir: Path) -> tuple[int, int]:
+    """(RocksDB's in-memory bloom filters and index blocks, the key filters) of every replica
+    under `index_dir`, in bytes."""
+    rocksdb = key_filters = 0
+    for path in index_dir.glob("*/shard-*"):
+        with ShardReplica.open_read_only(path) as replica:
+            rocksdb += replica.reader_memory_bytes()
+            key_filters += replica.key_filter_bytes()
+    return rocksdb, key_filters
 
 
 def median_after_first(values: list[float]) -> float:
@@ -89,7 +101,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                              tag_on=TAG_ON[name], commit_mode=COMMIT_MODE[name])
             sink = UpsertSink(cfg)
             seconds = stream(spark, landing, case / name / "cp", sink)
-            sink.close()
+            sink.close()  # saves the key filters
             reports = sink.reports
             extra = {
                 **report_figures(reports),
@@ -103,6 +115,8 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                 "median_warm": round(median_after_first(
                     [seconds[0]] + [s for s, r in zip(seconds[1:], reports[1:]) if not r.replicas_rebuilt]), 3),
             }
+            if not executor_index_dirs:
+                extra["key_filter_bytes"] = index_memory(case / name / "index")[1]
         else:
             seconds = stream(spark, landing, case / name / "cp", HandWrittenMerge(str(uri)))
             extra = {}
@@ -110,6 +124,9 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                          "median_after_first": round(median_after_first(seconds), 3), **extra}
     expected = table_contents(str(case / "baseline" / "table"))
     equal = all(table_contents(str(case / name / "table")).equals(expected) for name in contenders)
+    for figures in results.values():
+        if "key_filter_bytes" in figures:  # per key of the table (the index also holds tombstones)
+            figures["key_filter_bytes_per_key"] = round(figures.pop("key_filter_bytes") / expected.num_rows, 3)
     shutil.rmtree(case)
     baseline = results["baseline"]["median_after_first"]
     ratios = {f"ratio_baseline_over_{name.replace('-', '_')}": round(baseline / results[name]["median_after_first"], 2)

@@ -29,7 +29,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-from bench.e2e import breakdown, median_after_first, report_figures, stream
+from bench.e2e import breakdown, index_memory, median_after_first, report_figures, stream
 from bench.workloads import SCHEMA
 
 DAYS = 365
@@ -148,19 +148,6 @@ class GlobalHandWrittenMerge:
          .when_matched_update_all(predicate="s.op <> 'd' AND t.event_time < s.event_time")
          .when_not_matched_insert_all(predicate="s.op <> 'd'")
          .execute())
-
-
-def index_memory(index_dir: Path) -> tuple[int, int]:
-    """(RocksDB's in-memory bloom filters and index blocks, the key filters) of every replica
-    under `index_dir`, in bytes."""
-    from sink.index.replica import ShardReplica
-
-    rocksdb = key_filters = 0
-    for path in index_dir.glob("*/shard-*"):
-        with ShardReplica.open_read_only(path) as replica:
-            rocksdb += replica.reader_memory_bytes()
-            key_filters += replica.key_filter_bytes()
-    return rocksdb, key_filters
 
 
 def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, spread: bool,

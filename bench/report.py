@@ -72,11 +72,13 @@ def markdown(result: dict) -> str:
     if steps:
         names = [n for n in steps[0]["sink"]["tag_steps"]
                  if any(c["sink"]["tag_steps"][n] >= 0.0005 for c in steps)]
-        lines += ["", f"| sink, default: tag steps, medians summed over shards (s) | table rows | {' | '.join(names)} |",
-                  "|---|---:|" + "---:|" * len(names)]
+        lines += ["", f"| sink, default: tag steps, medians summed over shards (s) | table rows | {' | '.join(names)} "
+                  "| key filters per key |", "|---|---:|" + "---:|" * (len(names) + 1)]
         for c in steps:
+            filters = c["sink"].get("key_filter_bytes_per_key")  # results before partitions' filters lack it
             lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
-                         + " | ".join(f"{c['sink']['tag_steps'][n]:.3f}" for n in names) + " |")
+                         + " | ".join(f"{c['sink']['tag_steps'][n]:.3f}" for n in names)
+                         + f" | {'n/a' if filters is None else f'{filters} B'} |")
     if result.get("global"):
         lines += ["", "| global scope | table rows | MERGE on the key alone | sink | sink commit "
                   "| index memory per key | key filter per key | its false positives per batch | partition loads after bootstrap "

@@ -105,7 +105,7 @@ class BatchReport:
     hits: int = 0
     misses: int = 0
     memory_hits: int = 0  # of the hits, answered by the in-memory tier
-    filter_misses: int = 0  # of the misses, answered by the global keyspace's key filter
+    filter_misses: int = 0  # of the misses, answered by the keyspaces' key filters
     partition_loads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOAD_REASONS, 0))
     load_seconds: float = 0.0
     loaded_keys: int = 0

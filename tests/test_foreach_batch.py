@@ -140,8 +140,10 @@ def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
     assert value("upsert_sink_records_total", op="superseded") == 1
     assert value("upsert_sink_records_total", op="stale") == 1
     assert value("upsert_sink_records_total", op="quarantined") == 1
-    # Distinct keys looked up: a, b, c miss in batch 0; a, b hit in batch 1.
-    assert value("upsert_sink_index_lookups_total", result="miss", tier="rocksdb") == 3
+    # Distinct keys looked up: a, b, c miss in batch 0 (their partitions' key filters answer:
+    # the partitions are empty); a, b hit in batch 1.
+    assert value("upsert_sink_index_lookups_total", result="miss", tier="filter") == 3
+    assert value("upsert_sink_index_lookups_total", result="miss", tier="rocksdb") == 0
     # Batch 1's keys were promoted into the memory tier by the catch-up of batch 0's commit.
     assert value("upsert_sink_index_lookups_total", result="hit", tier="memory") == 2
     assert value("upsert_sink_index_lookups_total", result="hit", tier="rocksdb") == 0

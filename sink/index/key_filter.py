@@ -1,4 +1,5 @@
-"""A membership filter of a global-scope keyspace's keys, asked for a whole batch at once.
+"""A membership filter of one keyspace's keys (a partition's, or the global one), asked for a
+whole batch at once.
 
 Most keys of a batch are new to the table; RocksDB's own bloom filters answer them too, but
 through one Python call per key. This filter answers the batch with a few numpy operations,
@@ -27,6 +28,10 @@ MIN_WORDS = 64
 _MAGIC = b"SINKKF1\x00"
 # magic, the replica's token, keys, built_for, words, xxh64 of the words
 _HEADER = struct.Struct("<8s8sQQQQ")
+# The saved file of a replica's filters: magic, then per keyspace its id's length, its
+# filter's length, the id and the filter (`KeyFilter.to_bytes`, which checks itself).
+_SAVED_MAGIC = b"SINKKFS1"
+_ENTRY = struct.Struct("<IQ")
 
 
 def hashes(keys: Sequence[bytes]) -> np.ndarray:
@@ -104,3 +109,29 @@ class KeyFilter:
                 or xxhash.xxh64_intdigest(body) != checksum:
             return None
         return cls(np.frombuffer(body, "<u8").astype(np.uint64), keys, built_for)
+
+
+def saved_bytes(filters: dict[str, bytes]) -> bytes:
+    """One file's bytes for every keyspace's saved filter (pid -> `KeyFilter.to_bytes`)."""
+    parts = [_SAVED_MAGIC]
+    for pid, raw in filters.items():
+        name = pid.encode()
+        parts += [_ENTRY.pack(len(name), len(raw)), name, raw]
+    return b"".join(parts)
+
+
+def read_saved(data: bytes) -> dict[str, bytes]:
+    """The filters in `saved_bytes`' output, pid -> bytes for `KeyFilter.from_bytes`; a
+    truncated tail, or a file of another format, yields what is whole before it (nothing)."""
+    if not data.startswith(_SAVED_MAGIC):
+        return {}
+    out, at = {}, len(_SAVED_MAGIC)
+    while at + _ENTRY.size <= len(data):
+        name_len, raw_len = _ENTRY.unpack_from(data, at)
+        at += _ENTRY.size
+        if at + name_len + raw_len > len(data):
+            break
+        pid = data[at:at + name_len].decode(errors="replace")
+        out[pid] = data[at + name_len:at + name_len + raw_len]
+        at += name_len + raw_len
+    return out

@@ -10,9 +10,10 @@ Entries a batch will change are staged apart (one Arrow blob under the batch id)
 the commit carrying that batch is seen in the Delta log; then they are promoted. An
 in-process LRU (the memory tier) answers repeated lookups before RocksDB.
 
-A global-scope replica also keeps a membership filter of its keys (`sink.index.key_filter`)
-in memory, saved beside RocksDB at a clean close under the close's token: a lookup asks it
-first, so the many new keys of a batch skip RocksDB.
+Every keyspace (each partition's column family, or the global one) has a membership filter
+of its keys (`sink.index.key_filter`) in memory, all saved in one file beside RocksDB at a
+clean close under the close's token: a lookup asks it first, so the many new keys of a batch
+skip RocksDB.
 
 WAL is off (the replica is rebuildable from the table). A `dirty` flag, persisted
 on open and cleared after a full flush on close, tells a replica left by a killed
@@ -59,7 +60,7 @@ from sink.index.entry import (
     unpack_located_many,
 )
 from sink.index.hot_tier import HotTier, tier_for
-from sink.index.key_filter import KeyFilter, hashes
+from sink.index.key_filter import KeyFilter, hashes, read_saved, saved_bytes
 from sink.ordering import columns_of
 
 log = logging.getLogger("sink.index")
@@ -76,7 +77,7 @@ _META_DIRTY = b"dirty"
 _META_TOKEN = b"token"  # new at every clean close: tells a process its memory tier is current
 _META_PART = b"part:"
 _META_INVALIDATED = b"invalidated:"  # dropped by catch-up; its next load counts as caused by that
-# The global keyspace's key filter, saved at a clean close (valid under the token it names).
+# The keyspaces' key filters, saved at a clean close (each valid under the token it names).
 KEY_FILTER_FILE = "keys.filter"
 # Above this many entries a partition load goes through an SST file and ingest.
 _SST_THRESHOLD = 20_000
@@ -183,14 +184,15 @@ class ShardReplica:
         self.repaired: str | None = None  # why the replica was found damaged and wiped on open
         self._located: bool | None = None
         self._width: int | None = None
-        self._key_filter: KeyFilter | None = None  # global keyspace: loaded on first use
+        self._key_filters: dict[str, KeyFilter] = {}  # per keyspace, loaded or built on first use
+        self._saved_filters: dict[str, bytes] | None = None  # the saved file's filters, read on first use
         # Column family handles, opened once per open replica: letting go of one whose memtable
         # holds writes flushes that memtable (~1.5 ms each, measured), which every lookup of a
         # partition the last batch wrote to would pay.
         self._cfs: dict[str, Rdict] = {}
         self.flushed_at = time.monotonic()
         # Lookup counts of this open: distinct keys found in memory, in RocksDB, not found by
-        # RocksDB, or not found by the global keyspace's key filter.
+        # RocksDB, or not found by the keyspace's key filter.
         self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}
         if not read_only:
             write_opts = WriteOptions()
@@ -301,7 +303,7 @@ class ShardReplica:
             return
         self.flush()
         token = os.urandom(8)
-        self._save_key_filter(token)
+        self._save_key_filters(token)
         self._db[_META_TOKEN] = token
         self._db[_META_DIRTY] = b"0"
         self._db.flush()
@@ -418,7 +420,7 @@ class ShardReplica:
             self.drop_partition(pid)
             cf_name = PARTITION_CF_PREFIX + pid
             cf = self._cfs[cf_name] = self._db.create_column_family(cf_name, _options(self._block_cache_bytes))
-            loaded, key_hashes = 0, []
+            loaded, key_hashes = 0, [np.zeros(0, np.uint64)]
             try:
                 for keys, raws in chunks:
                     if len(keys) >= _SST_THRESHOLD:
@@ -430,12 +432,10 @@ class ShardReplica:
                             batch.put(k, raw)
                         self._db.write(batch)
                     loaded += len(keys)
-                    if pid == GLOBAL:
-                        key_hashes.append(hashes(keys))
+                    key_hashes.append(hashes(keys))
             finally:
                 del cf  # the handle stays in self._cfs
-            if pid == GLOBAL:
-                self._key_filter = KeyFilter.build(np.concatenate([np.zeros(0, np.uint64), *key_hashes]))
+            self._key_filters[pid] = KeyFilter.build(np.concatenate(key_hashes))
             info = PartitionInfo(loaded_entries=loaded, loaded_at=now, last_access=now, reason=reason)
             self._db[_META_PART + pid.encode()] = json.dumps(info.__dict__).encode()
             self._delete_meta(_META_INVALIDATED + pid.encode())
@@ -458,8 +458,7 @@ class ShardReplica:
         """Forget partition `pid`; `invalidated`: because a commit changed it (counted when
         it loads again)."""
         self.tier.drop_partition(pid)
-        if pid == GLOBAL:
-            self._forget_key_filter()
+        self._forget_key_filter(pid)
         self._delete_meta(_META_PART + pid.encode())
         if invalidated:
             self._db[_META_INVALIDATED + pid.encode()] = b"1"
@@ -470,7 +469,8 @@ class ShardReplica:
     def drop_all(self) -> None:
         """Forget every partition and staged entry (the replica then reloads on demand)."""
         self.tier.clear()
-        self._forget_key_filter()
+        self._key_filters.clear()
+        self._saved_filters = {}
         for name in self._cf_names():
             if name.startswith(PARTITION_CF_PREFIX):
                 self._cfs.pop(name, None)
@@ -519,19 +519,14 @@ class ShardReplica:
     # --- lookups -----------------------------------------------------------------------------
 
     def lookup_packed(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Committed packed entries of `keys` in a held partition: in the global keyspace the
-        key filter first, then the memory tier, then one RocksDB multi-get for the rest
-        (staged entries are not visible)."""
-        if pid != GLOBAL or not len(keys):
-            return self._lookup_tiers(pid, keys)
-        maybe = np.flatnonzero(self._global_key_filter().may_contain(hashes(keys)))
+        """Committed packed entries of `keys` in a held partition: the keyspace's key filter
+        first, then the memory tier, then one RocksDB multi-get for the rest (staged entries
+        are not visible)."""
+        if not len(keys):
+            return []
+        maybe = np.flatnonzero(self._key_filter(pid).may_contain(hashes(keys)))
         self.lookups["filter"] += len(keys) - len(maybe)
-        if len(maybe) == len(keys):
-            return self._lookup_tiers(pid, keys)
-        raws: list[bytes | None] = [None] * len(keys)
-        for i, raw in zip(maybe.tolist(), self._lookup_tiers(pid, [keys[i] for i in maybe.tolist()])):
-            raws[i] = raw
-        return raws
+        return _spread(len(keys), maybe, self._lookup_tiers(pid, _taken(keys, maybe)))
 
     def _lookup_tiers(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
         if not len(keys):
@@ -569,16 +564,22 @@ class ShardReplica:
         if not len(keys):
             return found
         n = size(self.width)
+        key_hashes = hashes(keys)
         for pid in self.partitions():
-            for where, raw in zip(found, self.peek(pid, keys)):
+            for where, raw in zip(found, self.peek(pid, keys, key_hashes)):
                 if raw is not None and not Entry.unpack(raw[:n]).deleted:
                     where.append(pid)
         return found
 
-    def peek(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Committed packed entries of `keys` in a held partition, from RocksDB alone: the
-        lookup counters and the memory tier are left alone."""
-        return self._cf(PARTITION_CF_PREFIX + pid).get(list(keys))
+    def peek(self, pid: str, keys: Sequence[bytes], key_hashes: np.ndarray | None = None) -> list[bytes | None]:
+        """Committed packed entries of `keys` in a held partition, from its key filter and
+        RocksDB alone: the lookup counters and the memory tier are left alone. `key_hashes`:
+        the keys' `hashes`, when the caller has them."""
+        if not len(keys):
+            return []
+        maybe = np.flatnonzero(self._key_filter(pid).may_contain(hashes(keys) if key_hashes is None else key_hashes))
+        taken = _taken(keys, maybe)
+        return _spread(len(keys), maybe, self._cf(PARTITION_CF_PREFIX + pid).get(taken) if taken else [])
 
     def is_empty(self, pid: str) -> bool:
         """Whether held partition `pid` has no entry (one iterator seek)."""
@@ -606,65 +607,64 @@ class ShardReplica:
         yield from self._cf(PARTITION_CF_PREFIX + pid).items()
 
     def put_packed(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
-        """Write committed entries into a held partition (and its memory tier, and in the
-        global keyspace its key filter)."""
-        if pid == GLOBAL and len(keys):
-            self._global_key_filter().add(hashes(keys))
+        """Write committed entries into a held partition (and its key filter and memory tier)."""
+        if not len(keys):
+            return
+        self._key_filter(pid).add(hashes(keys))
         batch = WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid))
         for key, raw in zip(keys, raws):
             batch.put(key, raw)
         self._db.write(batch)
         self.tier.put_many(pid, keys, raws)
-        if pid == GLOBAL and self._key_filter is not None and self._key_filter.full:
-            self._key_filter = self._scanned_key_filter()
+        if self._key_filters[pid].full:
+            self._key_filters[pid] = self._scanned_key_filter(pid)
 
-    # --- the global keyspace's key filter ------------------------------------------------------
+    # --- the keyspaces' key filters ------------------------------------------------------------
 
-    def _global_key_filter(self) -> KeyFilter:
-        """The filter of every key in the global keyspace: the one saved at the last clean
-        close if the replica still carries that close's token, else built by a scan."""
-        if self._key_filter is None:
-            self._key_filter = self._saved_key_filter() or self._scanned_key_filter()
-        return self._key_filter
+    def _key_filter(self, pid: str) -> KeyFilter:
+        """The filter of every key of held keyspace `pid`: built at its load and kept in step
+        with every write; after a reopen, the one saved at the last clean close if the replica
+        still carries that close's token, else built by a scan of the keyspace."""
+        kept = self._key_filters.get(pid)
+        if kept is None:
+            kept = self._key_filters[pid] = self._saved_key_filter(pid) or self._scanned_key_filter(pid)
+        return kept
 
-    def _saved_key_filter(self) -> KeyFilter | None:
+    def _saved_key_filter(self, pid: str) -> KeyFilter | None:
         if self.read_only and not self.clean:
             return None  # a process has it open: its keys may have changed since the last close
-        token = self._db.get(_META_TOKEN)
-        try:
-            raw = (self.path / KEY_FILTER_FILE).read_bytes()
-        except FileNotFoundError:
-            return None
-        return None if token is None else KeyFilter.from_bytes(raw, token)
+        if self._saved_filters is None:
+            try:
+                self._saved_filters = read_saved((self.path / KEY_FILTER_FILE).read_bytes())
+            except FileNotFoundError:
+                self._saved_filters = {}
+        token, raw = self._db.get(_META_TOKEN), self._saved_filters.get(pid)
+        return None if token is None or raw is None else KeyFilter.from_bytes(raw, token)
 
-    def _scanned_key_filter(self) -> KeyFilter:
-        built = KeyFilter.build(hashes(list(self._cf(PARTITION_CF_PREFIX + GLOBAL).keys())))
-        log.info("replica %s: key filter built from its %d keys", self.path, built.keys)
+    def _scanned_key_filter(self, pid: str) -> KeyFilter:
+        built = KeyFilter.build(hashes(list(self._cf(PARTITION_CF_PREFIX + pid).keys())))
+        log.info("replica %s: key filter of %s built from its %d keys", self.path, pid, built.keys)
         return built
 
     def key_filter_bytes(self) -> int:
-        """Memory of the global keyspace's key filter (0 without a global keyspace)."""
-        if not self.located or not self.has_partition(GLOBAL):
-            return 0
-        return self._global_key_filter().nbytes
+        """Memory of the held keyspaces' key filters."""
+        return sum(self._key_filter(pid).nbytes for pid in self.partitions())
 
-    def _save_key_filter(self, token: bytes) -> None:
-        """Save the filter under the token the close is about to write (re-stamp the saved one
-        when this open did not use it). A replica without the global keyspace keeps none."""
+    def _save_key_filters(self, token: bytes) -> None:
+        """Save the held keyspaces' filters under the token the close is about to write
+        (re-stamping the saved ones this open did not use)."""
         path = self.path / KEY_FILTER_FILE
-        # A filter in memory implies the keyspace is held: dropping it forgets the filter.
-        saved = self._key_filter or (self._saved_key_filter() if self.has_partition(GLOBAL) else None)
-        if saved is None:
-            path.unlink(missing_ok=True)
-            return
+        filters = {pid: self._key_filters.get(pid) or self._saved_key_filter(pid) for pid in self.partitions()}
         part = path.with_suffix(".part")
-        part.write_bytes(saved.to_bytes(token))
+        part.write_bytes(saved_bytes({pid: f.to_bytes(token) for pid, f in filters.items() if f is not None}))
         os.replace(part, path)
 
-    def _forget_key_filter(self) -> None:
-        self._key_filter = None
-        (self.path / KEY_FILTER_FILE).unlink(missing_ok=True)
+    def _forget_key_filter(self, pid: str) -> None:
+        """A keyspace dropped: its filter goes (a reload builds a new one)."""
+        self._key_filters.pop(pid, None)
+        if self._saved_filters is not None:
+            self._saved_filters.pop(pid, None)
 
     def put_entries(self, pid: str, entries: Mapping[bytes, Entry]) -> None:
         self.put_packed(pid, list(entries), [e.pack() for e in entries.values()])
@@ -762,6 +762,20 @@ class ShardReplica:
     def discard_staged(self) -> None:
         for key in (_META_STAGED_DATA, _META_STAGED_BATCH, _META_STAGED_READ):
             self._delete_meta(key)
+
+
+def _taken(keys: Sequence[bytes], where: np.ndarray) -> list[bytes]:
+    return list(keys) if len(where) == len(keys) else [keys[i] for i in where.tolist()]
+
+
+def _spread(n: int, where: np.ndarray, answers: Sequence[bytes | None]) -> list[bytes | None]:
+    """`answers` for the positions `where` of n keys, None at the others."""
+    if len(where) == n:
+        return list(answers)
+    out: list[bytes | None] = [None] * n
+    for i, raw in zip(where.tolist(), answers):
+        out[i] = raw
+    return out
 
 
 def _deleted_at(changes: pa.Table):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from sink.index.key_filter import BITS_PER_KEY, MIN_WORDS, KeyFilter, hashes
+from sink.index.key_filter import BITS_PER_KEY, MIN_WORDS, KeyFilter, hashes, read_saved, saved_bytes
 
 TOKEN = b"\x01" * 8
 
@@ -52,3 +52,13 @@ def test_it_round_trips_under_its_token_only():
 def test_a_damaged_file_is_not_a_filter(damage):
     raw = KeyFilter.build(hashes(keys("held", 1000))).to_bytes(TOKEN)
     assert KeyFilter.from_bytes(damage(raw), TOKEN) is None
+
+
+def test_a_replicas_filters_round_trip_in_one_file_and_a_cut_one_keeps_the_whole_ones():
+    saved = {"*global": b"", "dt=2025-01-01": KeyFilter.build(hashes(keys("a", 100))).to_bytes(TOKEN),
+             "dt=a b:é": KeyFilter.build(hashes(keys("b", 3000))).to_bytes(TOKEN)}
+    raw = saved_bytes(saved)
+    assert read_saved(raw) == saved
+    assert read_saved(raw[:-1]) == {"*global": b"", "dt=2025-01-01": saved["dt=2025-01-01"]}
+    assert read_saved(saved["dt=2025-01-01"]) == {}  # a file of another format (one bare filter)
+    assert read_saved(b"") == {}

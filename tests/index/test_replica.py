@@ -231,12 +231,14 @@ def test_dropping_the_keyspace_drops_its_key_filter(path):
     held, raws = _located(1000)
     with ShardReplica.open(path, GLOBAL_SPEC) as r:
         r.load_packed(GLOBAL, held, raws, reason="bootstrap")
+    other, other_raws = _located(10, "other")
     with ShardReplica.open(path, GLOBAL_SPEC) as r:
         r.drop_all()
-        assert not (path / KEY_FILTER_FILE).exists()
-        other, other_raws = _located(10, "other")
         r.load_packed(GLOBAL, other, other_raws, reason="bootstrap")
         assert r.lookup_packed(GLOBAL, held[:5] + other) == [None] * 5 + other_raws
+    with ShardReplica.open(path, GLOBAL_SPEC) as r:  # the saved filter is the new keyspace's
+        assert r.lookup_packed(GLOBAL, held[:5] + other) == [None] * 5 + other_raws
+        assert r.lookups["filter"] >= 4
 
 
 def test_a_keyspace_loaded_in_chunks_holds_every_chunk_and_its_filter_every_key(path):
@@ -263,3 +265,49 @@ def test_a_chunked_load_that_fails_midway_leaves_no_keyspace_and_a_retry_loads_i
         assert not r.has_partition(GLOBAL)
         assert r.load_chunks(GLOBAL, iter([first, second]), reason="bootstrap") == 600
         assert r.lookup_packed(GLOBAL, first[0] + second[0]) == first[1] + second[1]
+
+
+def test_every_partition_has_a_key_filter_that_answers_new_keys_and_never_hides_a_held_one(path, monkeypatch):
+    """Partitioned scope: a filter per partition, built at its load, kept in step with the
+    entries written since (a promoted batch), saved at close and reused without a scan."""
+    loaded = {pid: [f"{pid}-{i}".encode() for i in range(3000)] for pid in ("dt=1", "dt=2")}
+    added = [f"added-{i}".encode() for i in range(400)]
+    new = [f"new-{i}".encode() for i in range(3000)]
+    with ShardReplica.open(path, SPEC) as r:
+        for pid, keys in loaded.items():
+            r.load_partition(pid, keys, [Entry(1)] * len(keys), reason="bootstrap")
+        r.put_entries("dt=1", {k: Entry(2) for k in added})
+    monkeypatch.setattr(ShardReplica, "_scanned_key_filter", lambda self, pid: pytest.fail("scanned"))
+    for _ in range(2):  # the second open reads the filters the first one saved again
+        with ShardReplica.open(path, SPEC) as r:
+            expected = [Entry(1)] * 3000 + [Entry(2)] * 400 + [None] * 3000
+            assert r.lookup("dt=1", loaded["dt=1"] + added + new) == expected
+            assert r.lookups["rocksdb"] == 3400 and r.lookups["filter"] > 2950  # false positives go on to RocksDB
+            assert r.lookup("dt=2", added + loaded["dt=2"][:10]) == [None] * 400 + [Entry(1)] * 10
+            assert r.live_partitions([loaded["dt=2"][0], added[0], new[0]]) == [["dt=2"], ["dt=1"], []]
+            assert r.key_filter_bytes() <= 2 * (6400 + 2 * 64 * 8)
+
+
+def test_a_partitions_filter_lost_or_from_another_close_is_rebuilt_by_a_scan(path):
+    keys = [f"k{i}".encode() for i in range(2000)]
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("dt=1", keys, [Entry(1)] * 2000, reason="bootstrap")
+    stale = (path / KEY_FILTER_FILE).read_bytes()
+    with ShardReplica.open(path, SPEC) as r:
+        r.put_entries("dt=1", {b"later": Entry(2)})
+    (path / KEY_FILTER_FILE).write_bytes(stale)  # saved under an older close's token: not trusted
+    with ShardReplica.open(path, SPEC) as r:
+        assert r.lookup("dt=1", [b"later", keys[0], b"new"]) == [Entry(2), Entry(1), None]
+    (path / KEY_FILTER_FILE).unlink()
+    with ShardReplica.open(path, SPEC) as r:
+        assert r.lookup("dt=1", [b"later", keys[-1]]) == [Entry(2), Entry(1)]
+
+
+def test_a_dropped_and_reloaded_partition_gets_the_filter_of_its_new_keys(path):
+    with ShardReplica.open(path, SPEC) as r:
+        r.load_partition("dt=1", [b"old"], [Entry(1)], reason="bootstrap")
+        r.drop_partition("dt=1", invalidated=True)
+        r.load_partition("dt=1", [b"new"], [Entry(2)], reason="invalidated")
+        assert r.lookup("dt=1", [b"old", b"new"]) == [None, Entry(2)]
+    with ShardReplica.open(path, SPEC) as r:
+        assert r.lookup("dt=1", [b"old", b"new"]) == [None, Entry(2)]
