@@ -1,6 +1,6 @@
 """The tagging task that runs on executors (inside `mapInArrow`), one call per Spark partition.
 
-Records arrive routed by shard (`repartition(N, shard)`), so a shard's records are all
+Records arrive routed by shard (`keys.spark_route_expr`: shard s in Spark partition s), so a shard's records are all
 in one task. For each shard in its input the task opens the shard's replica, catches
 it up to the table version the driver will commit on (bootstrapping the hot window when
 the replica is new or unusable), loads the partitions its records need and the replica

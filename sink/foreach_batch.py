@@ -448,8 +448,8 @@ class UpsertSink:
         snapshot = None
         try:
             with report.timed("tag"):
-                job = prepared.repartition(ctx.num_shards, F.col(C.SHARD)).mapInArrow(partial(tag_batches, ctx),
-                                                                                      out_schema)
+                job = prepared.repartition(ctx.num_shards, F.expr(keys.spark_route_expr(ctx.num_shards))).mapInArrow(
+                    partial(tag_batches, ctx), out_schema)
                 if ctx.write_files:
                     snapshot = prepared.sparkSession.sparkContext.broadcast(
                         stored_files(self._target.table, self.config.partition_by))

@@ -7,12 +7,15 @@ partition loads, catch-up). Tests hold the two sides equal.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
+
+from sink import columns as C
 
 # How key columns become the index's key bytes (`spark_key_expr`, `encode_keys`); recorded in
 # the table's contract, so a change of encoding is refused rather than silently mismatched.
@@ -48,6 +51,53 @@ def spark_key_expr(key_cols: Sequence[str]) -> str:
 def spark_shard_expr(key_expr: str, num_shards: int) -> str:
     """SQL for the shard of an encoded key; equals `shard_of`."""
     return f"pmod(xxhash64({key_expr}), {int(num_shards)})"
+
+
+def spark_route_expr(num_shards: int) -> str:
+    """SQL for the column to `repartition(num_shards, ...)` a batch by, so that shard s lands in
+    Spark partition s: one shard per tagging task. Repartitioning by the shard itself hashes
+    it again, and shards collide (with 2 shards both land in one task: measured, one core
+    tagged the whole batch while the other idled)."""
+    routes = ", ".join(str(r) for r in shard_routes(num_shards))
+    return f"CAST(element_at(array({routes}), CAST({C.SHARD} AS INT) + 1) AS BIGINT)"
+
+
+@functools.cache
+def shard_routes(num_shards: int) -> tuple[int, ...]:
+    """For each shard s, the smallest BIGINT r with Spark's pmod(hash(r), num_shards) == s:
+    what HashPartitioning sends to partition s."""
+    routes: dict[int, int] = {}
+    r = 0
+    while len(routes) < num_shards:
+        routes.setdefault(spark_hash_long(r) % num_shards, r)
+        r += 1
+    return tuple(routes[s] for s in range(num_shards))
+
+
+def spark_hash_long(value: int, seed: int = 42) -> int:
+    """Spark's hash() of a BIGINT (Murmur3_x86_32.hashLong, seed 42), as a signed int."""
+    def mix_k1(k1: int) -> int:
+        k1 = (k1 * 0xCC9E2D51) & _MASK32
+        k1 = ((k1 << 15) | (k1 >> 17)) & _MASK32
+        return (k1 * 0x1B873593) & _MASK32
+
+    def mix_h1(h1: int, k1: int) -> int:
+        h1 ^= k1
+        h1 = ((h1 << 13) | (h1 >> 19)) & _MASK32
+        return (h1 * 5 + 0xE6546B64) & _MASK32
+
+    value &= (1 << 64) - 1
+    h1 = mix_h1(mix_h1(seed & _MASK32, mix_k1(value & _MASK32)), mix_k1(value >> 32))
+    h1 ^= 8  # the input's length in bytes
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _MASK32
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _MASK32
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+_MASK32 = 0xFFFFFFFF
 
 
 def spark_ordering_expr(col: str, type_name: str) -> str:

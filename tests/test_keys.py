@@ -80,3 +80,22 @@ def test_spark_routing_equals_the_python_shard_function(spark):
         assert python_shards == out.column(C.SHARD).to_pylist()
         # The sample holds keys whose hash is negative: pmod must still agree.
         assert sum(h < 0 for h in out.column("h").to_pylist()) > 100
+
+
+@pytest.mark.spark
+def test_the_python_murmur3_is_sparks_hash_of_a_bigint(spark):
+    values = [0, 1, -1, 7, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63), *range(2, 300)]
+    got = spark.createDataFrame([(v,) for v in values], "v long").selectExpr("hash(v) AS h").toArrow()
+    assert [keys.spark_hash_long(v) for v in values] == got.column("h").to_pylist()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 4, 13, 200])
+def test_each_shard_lands_in_its_own_spark_partition(spark, num_shards):
+    """Routed by `spark_route_expr`, shard s is exactly Spark partition s: one shard per
+    tagging task, none left idle (repartitioning by the shard itself put both of 2 shards in
+    one task)."""
+    df = spark.range(num_shards * 50).selectExpr(f"pmod(id, {num_shards}) AS {C.SHARD}")
+    routed = df.repartition(num_shards, F.expr(keys.spark_route_expr(num_shards)))
+    placed = routed.select(C.SHARD, F.spark_partition_id().alias("p")).distinct().toArrow().to_pylist()
+    assert sorted((r[C.SHARD], r["p"]) for r in placed) == [(s, s) for s in range(num_shards)]
