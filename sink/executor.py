@@ -1,13 +1,13 @@
 """The tagging task that runs on executors (inside `mapInArrow`), one call per Spark partition.
 
-Records arrive routed by shard (`keys.spark_route_expr`: shard s in Spark partition s), so a shard's records are all
-in one task. For each shard in its input the task opens the shard's replica, catches
-it up to the table version the driver will commit on (bootstrapping the hot window when
-the replica is new or unusable), loads the partitions its records need and the replica
-lacks (all together, concurrently), tags the records, stages the changes under the batch
-id and evicts cold partitions. It writes each shard's index changelog entries (when the
-writer keeps one) and yields the tagged records and one stats row, with the task's counts
-(sink.outcomes).
+Records arrive routed by shard (`keys.spark_route_expr`: shard s in Spark partition s), so
+a shard's records are all in one task. For each shard in its input the task opens the
+shard's replica, catches it up to the table version the driver will commit on
+(bootstrapping the hot window when the replica is new or unusable), loads the partitions
+its records need and the replica lacks (all together, concurrently), tags the records,
+stages the changes under the batch id and evicts cold partitions. It writes each shard's
+index changelog entries (when the writer keeps one) and yields the tagged records and one
+stats row, with the task's counts (sink.outcomes).
 
 When Spark tasks write the batch's files (`write_files`), the task yields only what the writing
 tasks and the driver need: the writes, aimed at the rows they change (sink.moves), the

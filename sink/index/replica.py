@@ -644,7 +644,10 @@ class ShardReplica:
 
     def _scanned_key_filter(self, pid: str) -> KeyFilter:
         built = KeyFilter.build(hashes(list(self._cf(PARTITION_CF_PREFIX + pid).keys())))
-        log.info("replica %s: key filter of %s built from its %d keys", self.path, pid, built.keys)
+        # A growing partition's filter is rebuilt each time its keys double: worth a line only
+        # for the global keyspace, whose scans take seconds.
+        log.log(logging.INFO if pid == GLOBAL else logging.DEBUG, "replica %s: key filter of %s built from its %d keys",
+                self.path, pid, built.keys)
         return built
 
     def key_filter_bytes(self) -> int:
