@@ -311,3 +311,41 @@ def test_a_dropped_and_reloaded_partition_gets_the_filter_of_its_new_keys(path):
         assert r.lookup("dt=1", [b"old", b"new"]) == [None, Entry(2)]
     with ShardReplica.open(path, SPEC) as r:
         assert r.lookup("dt=1", [b"old", b"new"]) == [None, Entry(2)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_key_filters_never_hide_a_key_through_random_loads_writes_drops_and_reopens(path, seed):
+    """Against a dict of what each partition holds: every lookup after loads, writes,
+    drops, clean reopens and a lost or cut filter file answers exactly that."""
+    import random
+
+    rng = random.Random(seed)
+    held: dict[str, dict[bytes, Entry]] = {}
+    names = [f"dt={d}" for d in range(4)]
+    universe = [f"k{i}".encode() for i in range(3000)]
+    r = ShardReplica.open(path, SPEC)
+    try:
+        for step in range(60):
+            pid = rng.choice(names)
+            action = rng.random()
+            if action < 0.2 or pid not in held:
+                keys = rng.sample(universe, rng.randrange(0, 1500))
+                held[pid] = {k: Entry(step) for k in keys}
+                r.load_partition(pid, keys, list(held[pid].values()), reason="on_demand")
+            elif action < 0.6:
+                written = {k: Entry(step) for k in rng.sample(universe, rng.randrange(1, 800))}
+                r.put_entries(pid, written)  # grows the filter past its doubling now and then
+                held[pid].update(written)
+            elif action < 0.7:
+                r.drop_partition(pid)
+                del held[pid]
+            else:
+                r.close()
+                saved = path / KEY_FILTER_FILE
+                if action > 0.9:
+                    saved.write_bytes(saved.read_bytes()[: rng.randrange(len(saved.read_bytes()))])
+                r = ShardReplica.open(path, SPEC)
+            for name, entries in held.items():
+                assert r.lookup(name, universe) == [entries.get(k) for k in universe], (seed, step, name)
+    finally:
+        r.close()
