@@ -74,6 +74,9 @@ def shard_routes(num_shards: int) -> tuple[int, ...]:
     return tuple(routes[s] for s in range(num_shards))
 
 
+_MASK32 = 0xFFFFFFFF
+
+
 def spark_hash_long(value: int, seed: int = 42) -> int:
     """Spark's hash() of a BIGINT (Murmur3_x86_32.hashLong, seed 42), as a signed int."""
     def mix_k1(k1: int) -> int:
@@ -95,9 +98,6 @@ def spark_hash_long(value: int, seed: int = 42) -> int:
     h1 = (h1 * 0xC2B2AE35) & _MASK32
     h1 ^= h1 >> 16
     return h1 - (1 << 32) if h1 >= 1 << 31 else h1
-
-
-_MASK32 = 0xFFFFFFFF
 
 
 def spark_ordering_expr(col: str, type_name: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import signal
@@ -94,8 +95,6 @@ class Occupation:
         self.thread.start()
 
     def _run(self, spark, avoid: str | None) -> None:
-        import functools
-
         for _ in range(20):  # both tasks can land on `avoid`, one after the other: try again
             spark.sparkContext.parallelize(range(2), 2).mapPartitions(
                 functools.partial(occupy, str(self.folder), avoid)).collect()
@@ -179,8 +178,6 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         expected = expected_rows
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
     if name == "crash":
-        import functools
-
         from sink import foreach_batch
 
         foreach_batch.write_batches = functools.partial(write_then_kill, str(work))
