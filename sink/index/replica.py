@@ -143,6 +143,8 @@ def replica_path(index_root: str | os.PathLike[str], table_id: str, shard: int, 
 
 
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
+# Table files a replica keeps open (RocksDB's table cache); past it the least recently used close.
+MAX_OPEN_FILES = 4096
 # One block cache per size, shared by every replica of the process (it must outlive them).
 _BLOCK_CACHES: dict[int, Cache] = {}
 
@@ -150,6 +152,10 @@ _BLOCK_CACHES: dict[int, Cache] = {}
 def _options(block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
+    # Table files open on first read, not all at open: a tagging task on an executor opens its
+    # replica for one batch and reads few of its ~60 column families' files (measured: the
+    # open went from 0.085 to 0.043 s per shard, events at 1M rows).
+    opts.set_max_open_files(MAX_OPEN_FILES)
     table = BlockBasedOptions()
     # Most lookups in event streams miss: a bloom filter answers those without I/O.
     table.set_bloom_filter(10, False)
