@@ -78,8 +78,9 @@ class SinkConfig:
     # Deleted keys and their ordering, so a late older update stays deleted after a reload.
     tombstone_table_uri: str | None = None
     # Deletes older than this stop shielding their key from late older updates, and
-    # `python -m sink compact-tombstones` drops their rows; None: kept forever.
-    tombstone_ttl_hours: int | None = None
+    # `python -m sink compact-tombstones` drops their rows; None: kept forever. Fractions of
+    # an hour down to one second (DLT sets its tombstone GC threshold in seconds).
+    tombstone_ttl_hours: float | None = None
     # Index entries of each batch by shard, so a replica that did not tag a batch (the shard's
     # task ran on another executor) catches up without reloading; kept for this many table versions.
     changelog_uri: str | None = None
@@ -168,7 +169,7 @@ class SinkConfig:
         _require_int("bootstrap_days", self.bootstrap_days, 0, 100_000)
         _require_int("partition_ttl_hours", self.partition_ttl_hours, 1, 1_000_000)
         if self.tombstone_ttl_hours is not None:
-            _require_int("tombstone_ttl_hours", self.tombstone_ttl_hours, 1, 1_000_000)
+            _require_hours("tombstone_ttl_hours", self.tombstone_ttl_hours, 1_000_000)
         self._validate_tiering()
         _require_int("hot_cache_entries", self.hot_cache_entries, 0, 100_000_000)
         _require_int("cross_partition_check", self.cross_partition_check, 0, 10_000_000)
@@ -220,6 +221,11 @@ class SinkConfig:
     def unstored_columns(self) -> list[str]:
         """Stream columns the table never stores: except_columns and the corrupt-record column."""
         return [*self.except_columns, self.corrupt_record_column]
+
+    @property
+    def tombstone_ttl_seconds(self) -> int | None:
+        """`tombstone_ttl_hours` in whole seconds, the unit deletes are stamped in."""
+        return None if self.tombstone_ttl_hours is None else round(self.tombstone_ttl_hours * 3600)
 
     @property
     def resolved_writer_id(self) -> str:
@@ -303,6 +309,13 @@ def _require_choice(name: str, value: object, accepted: tuple[str, ...]) -> None
 def _require_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+
+def _require_hours(name: str, value: object, high: int) -> None:
+    """A number of hours from one second (1/3600) to `high`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value * 3600 <= high * 3600:
+        raise ConfigError(f"{name} must be a number of hours from 1/3600 (one second) to {high}, fractions "
+                          f"allowed (0.5 = 30 minutes), got {value!r}")
 
 
 def _require_int(name: str, value: object, low: int, high: int) -> None:

@@ -101,14 +101,14 @@ class TaskContext:
     scope: str = "partitioned"
     cross_partition_check: int = 0  # new keys per shard checked against the other held partitions
     ignore_null_updates: bool = False  # an update's null columns keep the stored value (sink.partial)
-    tombstone_ttl_hours: int | None = None  # stored deletes older than this count as absent
+    tombstone_ttl_seconds: int | None = None  # stored deletes older than this count as absent
     deletes: bool = False  # the stream marks deletes (delete_when)
     write_files: bool = False  # Spark tasks write the batch's files: output shaped for them
 
     @property
     def expire_before(self) -> int | None:
         """Deletes stamped before this (seconds since the epoch) have expired; None: never."""
-        return None if self.tombstone_ttl_hours is None else int(self.now) - self.tombstone_ttl_hours * 3600
+        return None if self.tombstone_ttl_seconds is None else int(self.now) - self.tombstone_ttl_seconds
 
     @property
     def shield_pid(self) -> str | None:

@@ -418,7 +418,7 @@ class UpsertSink:
             scope=cfg.scope,
             cross_partition_check=cfg.cross_partition_check,
             ignore_null_updates=cfg.ignore_null_updates,
-            tombstone_ttl_hours=cfg.tombstone_ttl_hours,
+            tombstone_ttl_seconds=cfg.tombstone_ttl_seconds,
             deletes=cfg.delete_when is not None,
             # Executors write the batch's files where the table allows (else the driver commits
             # from the records: a MERGE).

@@ -63,7 +63,7 @@ def compact(cfg: SinkConfig, now: float) -> Compaction | None:
     pending, held = rows.filter(pc.invert(done)), rows.filter(done)
     per_key = [*cfg.key] if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
     newest = latest_per_key(held, per_key, cfg.ordering_columns)
-    kept = newest.filter(pc.invert(expired_rows(newest, cfg.tombstone_ttl_hours, now)))
+    kept = newest.filter(pc.invert(expired_rows(newest, cfg.tombstone_ttl_seconds, now)))
     report = Compaction(rows.num_rows, pending.num_rows + kept.num_rows, newest.num_rows - kept.num_rows,
                         held.num_rows - newest.num_rows, pending.num_rows, None)
     if report.rows_after == report.rows_before:
@@ -75,9 +75,9 @@ def compact(cfg: SinkConfig, now: float) -> Compaction | None:
     return Compaction(**{**report.__dict__, "version": tombstones.version()})
 
 
-def expired_rows(rows: pa.Table, ttl_hours: int | None, now: float) -> pa.Array:
+def expired_rows(rows: pa.Table, ttl_seconds: int | None, now: float) -> pa.Array:
     """Rows whose delete is older than the TTL, by the rule tagging applies to index entries
     (rows without a time count as deleted at the epoch)."""
-    if ttl_hours is None:
+    if ttl_seconds is None:
         return pa.array(np.zeros(rows.num_rows, bool))
-    return pc.less(stamp_seconds(rows), int(now) - ttl_hours * 3600)
+    return pc.less(stamp_seconds(rows), int(now) - ttl_seconds)

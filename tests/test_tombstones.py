@@ -144,9 +144,34 @@ def test_latest_per_key_keeps_the_highest_ordering_then_the_latest_delete_then_i
     assert latest_per_key(rows.drop_columns([TOMBSTONE_DELETED_AT]), ["id"], "seq").column("n").to_pylist() == [1, 2]
 
 
-def test_tombstone_ttl_must_be_a_positive_number_of_hours(tmp_path):
-    with pytest.raises(ConfigError, match="tombstone_ttl_hours must be an integer from 1 to 1000000, got 0"):
-        config(tmp_path, tombstone_ttl_hours=0)
+@pytest.mark.parametrize("hours", [0, 0.0001, -1, float("nan"), "1", True, 1_000_001])
+def test_tombstone_ttl_must_be_at_least_one_second_of_hours(tmp_path, hours):
+    with pytest.raises(ConfigError, match=r"tombstone_ttl_hours must be a number of hours from 1/3600 \(one second\) "
+                                          rf"to 1000000, fractions allowed \(0.5 = 30 minutes\), got {hours!r}"):
+        config(tmp_path, tombstone_ttl_hours=hours)
+
+
+def test_a_fractional_ttl_counts_in_seconds(tmp_path):
+    assert config(tmp_path, tombstone_ttl_hours=1 / 3600).tombstone_ttl_seconds == 1
+    assert config(tmp_path, tombstone_ttl_hours=0.5).tombstone_ttl_seconds == 1800
+    assert config(tmp_path, tombstone_ttl_hours=None).tombstone_ttl_seconds is None
+    (tmp_path / "sink.toml").write_text('[sink]\ntable_uri = "t"\nkey = ["id"]\nordering = "seq"\nwriter_id = "w"\n'
+                                        "tombstone_ttl_hours = 0.25\n")
+    assert SinkConfig.from_file(tmp_path / "sink.toml").tombstone_ttl_seconds == 900
+
+
+@pytest.mark.parametrize("scope", ["partitioned", "global"])
+def test_a_one_second_ttl_lets_a_late_update_back_two_seconds_after_its_delete(spark, tmp_path, scope):
+    """The published ClickHouse cleanup example expires a delete after one second."""
+    clock = Clock(T0)
+    sink = UpsertSink(config(tmp_path, scope=scope, tombstone_ttl_hours=1 / 3600), clock=clock)
+    write(spark, sink, 0, [(1, "a", 1, "u"), (2, "b", 1, "u")])
+    write(spark, sink, 1, [(1, None, 5, "d"), (2, None, 5, "d")])
+    clock.t = T0 + 0.5  # the delete's second: it still holds
+    assert write(spark, sink, 2, [(1, "late", 3, "u")]).ops["stale"] == 1
+    clock.t = T0 + 2  # two seconds on: it has expired
+    assert write(spark, sink, 3, [(2, "late", 4, "u")]).ops["insert"] == 1
+    assert rows_of(sink.config.table_uri) == [(2, "late", 4)]
 
 
 def test_a_batch_appending_during_a_compaction_keeps_its_rows(spark, tmp_path, monkeypatch):
