@@ -54,7 +54,7 @@ class Context:
 
 
 def _context(args) -> Context:
-    cfg = SinkConfig.from_file(args.config)
+    cfg = SinkConfig.from_file(args.config).as_stored()
     if not DeltaTable.is_deltatable(cfg.table_uri):
         raise SinkError(f"no Delta table at {cfg.table_uri} (table_uri in {args.config})")
     root = Path(args.index_dir or cfg.index_dir or default_index_root())

@@ -19,6 +19,9 @@ TIES = ("incoming", "existing")
 TAG_ON = ("auto", "executors", "driver")
 SCHEMA_EVOLUTION = ("add_columns", "fail")
 COMMIT_MODES = ("auto", "merge")
+# An ordering column named in except_columns is kept in the table under this prefix: the
+# index, partition loads and the commit paths read it from there.
+HIDDEN_ORDERING_PREFIX = "__ordering_"
 
 
 @dataclass
@@ -151,10 +154,11 @@ class SinkConfig:
             if c in self.key or c in self.partition_by:
                 raise ConfigError(f"ordering column {c!r} must not be a key or partition column")
         _require_columns("except_columns", self.except_columns, allow_empty=True)
-        needed = set(self.key) | set(self.partition_by) | set(self.ordering_columns)
-        if needed & set(self.except_columns):
-            raise ConfigError(f"except_columns {sorted(needed & set(self.except_columns))} are key, partition or "
-                              "ordering columns, which the table must store")
+        located = set(self.key) | set(self.partition_by)
+        if located & set(self.except_columns):
+            raise ConfigError(f"except_columns {sorted(located & set(self.except_columns))} are key or partition "
+                              "columns, which the table must store")
+        needed = located | set(self.ordering_columns)
         if self.delete_when is not None:
             _require_str("delete_when", self.delete_when)
         if self.quarantine_when is not None:
@@ -221,6 +225,20 @@ class SinkConfig:
     def unstored_columns(self) -> list[str]:
         """Stream columns the table never stores: except_columns and the corrupt-record column."""
         return [*self.except_columns, self.corrupt_record_column]
+
+    @property
+    def hidden_ordering(self) -> dict[str, str]:
+        """Ordering columns named in except_columns -> the column the table keeps each in."""
+        return {c: HIDDEN_ORDERING_PREFIX + c for c in self.ordering_columns if c in self.except_columns}
+
+    def as_stored(self) -> SinkConfig:
+        """The config the sink runs on: `hidden_ordering`'s columns in place of the ordering
+        columns they keep (each batch gets them as copies: sink.prepare.with_hidden_ordering)."""
+        hidden = self.hidden_ordering
+        if not hidden:
+            return self
+        ordering = [hidden.get(c, c) for c in self.ordering_columns]
+        return dataclasses.replace(self, ordering=ordering if isinstance(self.ordering, list) else ordering[0])
 
     @property
     def tombstone_ttl_seconds(self) -> int | None:

@@ -22,7 +22,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sink import columns as C
 from sink import keys, metrics
 from sink.arrival import batch_files, file_order
-from sink.config import SinkConfig
+from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
 from sink.errors import (
     CommitConflictError,
     ContractMismatchError,
@@ -59,7 +59,7 @@ from sink.lakehouse.schema import added_columns
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED, record_partitions
 from sink.placement import PLACEMENTS, WITHOUT_PARTITION
-from sink.prepare import prepare, tagged_schema, validate_stream
+from sink.prepare import prepare, tagged_schema, validate_stream, with_hidden_ordering
 from sink.tagging import DELETE, INSERT, UPDATE
 from sink.tombstones import latest_per_key
 from sink.writing import FILE_OP, WriteContext, Written, read_written, write_batches
@@ -191,7 +191,8 @@ class UpsertSink:
 
     def __init__(self, config: SinkConfig, clock: Callable[[], float] = time.time):
         """`clock` gives the time used for partition access times and TTLs (tests inject one)."""
-        self.config = config
+        self._stream_config = config  # as written: what the stream is checked against
+        self.config = config.as_stored()
         self._clock = clock
         self.writer_id = config.resolved_writer_id
         self.reports: list[BatchReport] = []
@@ -218,9 +219,9 @@ class UpsertSink:
         """Check the stream against the config and, when the table exists, against the
         table's schema; the job calls it before starting the query."""
         if self._validated != df.schema:
-            validate_stream(self.config, df)
+            validate_stream(self._stream_config, df)
             if self._target.exists():
-                self._added_columns(df)
+                self._added_columns(with_hidden_ordering(df, self._stream_config))
             self._validated = df.schema
 
     def _added_columns(self, df: DataFrame) -> list[pa.Field]:
@@ -230,6 +231,12 @@ class UpsertSink:
         roles = {**dict.fromkeys(cfg.key, "key"), **dict.fromkeys(cfg.partition_by, "partition_by"),
                  **dict.fromkeys(cfg.ordering_columns, "ordering")}
         table = self._target.arrow_schema()
+        hidden = {c: HIDDEN_ORDERING_PREFIX + c for c in cfg.ordering_columns}
+        hidden = {c: h for c, h in hidden.items() if h in table.names}
+        if hidden:
+            raise ContractMismatchError(
+                f"{cfg.table_uri} keeps the ordering column(s) {list(hidden)} as {list(hidden.values())}: "
+                "except_columns named them when the table was written; name them in except_columns again")
         stored = [c for c in cfg.except_columns if c in table.names]
         if stored:
             raise SchemaError(f"except_columns {stored} are columns {cfg.table_uri} stores: the sink never leaves a "
@@ -253,6 +260,7 @@ class UpsertSink:
         with report.timed("checks"):
             self._resolve_tag_on(batch_df)
             self.validate(batch_df)
+            batch_df = with_hidden_ordering(batch_df, self._stream_config)
             self._target.open_or_create(self._stored_schema(batch_df), self._contract)
             self._target.refresh()
             self._check_contract()
@@ -344,7 +352,8 @@ class UpsertSink:
                 if attempt == 0:
                     records = batch.records
                     with report.timed("quarantine"):
-                        self._quarantine(records, batch_df.columns, batch_id)
+                        hidden = set(self._stream_config.hidden_ordering.values())
+                        self._quarantine(records, [c for c in batch_df.columns if c not in hidden], batch_id)
                     self._log_without_partition(report)
                     if cfg.delete_when:
                         with report.timed("tombstones"):

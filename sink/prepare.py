@@ -8,7 +8,7 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 
 from sink import columns as C
 from sink import keys
-from sink.config import SinkConfig
+from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
 from sink.errors import SchemaError
 from sink.ordering import helper_columns
 
@@ -39,6 +39,19 @@ def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
     clashing = [n for n in types if n.startswith(C.PREFIX)]
     if clashing:
         raise SchemaError(f"column(s) {clashing} use the sink's reserved prefix {C.PREFIX!r}")
+    for ordering, hidden in cfg.hidden_ordering.items():
+        if hidden in types:
+            raise SchemaError(f"the stream has a column {hidden!r}, where the table keeps the ordering column "
+                              f"{ordering!r} that except_columns leaves out: rename it in the stream")
+
+
+def with_hidden_ordering(df: DataFrame, cfg: SinkConfig) -> DataFrame:
+    """`df` plus a copy of each ordering column except_columns leaves out, under the name the
+    table keeps it (`SinkConfig.hidden_ordering`); `cfg` is the config as the user wrote it."""
+    hidden = cfg.hidden_ordering
+    if not hidden:
+        return df
+    return df.selectExpr("*", *(f"{keys.quoted_column(c)} AS {keys.quoted_column(h)}" for c, h in hidden.items()))
 
 
 def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
@@ -83,11 +96,17 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
         checks.append((f"{col(c)} IS NULL{upsert}", f"{NULL_PARTITION} {c}"))
         if isinstance(schema[c].dataType, StringType):
             checks.append((f"{col(c)} = ''", f"empty partition value {c} (Delta stores it as NULL)"))
-    checks += [(f"{col(c)} IS NULL", f"null ordering column {c}") for c in cfg.ordering_columns]
+    checks += [(f"{col(c)} IS NULL", f"null ordering column {c}") for c in stream_ordering(cfg)]
     if cfg.quarantine_when:
         checks.append((f"coalesce(({cfg.quarantine_when}), false)", f"quarantine_when: {cfg.quarantine_when}"))
     whens = " ".join(f"WHEN {failed} THEN {sql_string(why)}" for failed, why in checks)
     return f"CASE {whens} ELSE CAST(NULL AS STRING) END"
+
+
+def stream_ordering(cfg: SinkConfig) -> list[str]:
+    """The stream's names of the ordering columns of a config `as_stored`."""
+    names = [c.removeprefix(HIDDEN_ORDERING_PREFIX) for c in cfg.ordering_columns]
+    return [n if n in cfg.except_columns else c for n, c in zip(names, cfg.ordering_columns)]
 
 
 def _delete_sql(cfg: SinkConfig) -> str:

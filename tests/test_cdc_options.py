@@ -4,7 +4,9 @@ import pytest
 from deltalake import DeltaTable
 
 from sink import SchemaError, SinkConfig, UpsertSink
+from sink.config import HIDDEN_ORDERING_PREFIX
 from sink.errors import ConfigError, ContractMismatchError
+from tests.oracle import verify_replicas
 
 pytestmark = pytest.mark.spark
 
@@ -24,9 +26,9 @@ CHANGES = [
 
 
 def users_config(tmp_path, **extra):
+    options = {"index_dir": str(tmp_path / "index"), **extra}
     return SinkConfig(table_uri=str(tmp_path / "users"), key=["userId"], ordering="sequenceNum",
-                      delete_when="operation = 'DELETE'", writer_id="users", index_dir=str(tmp_path / "index"),
-                      num_shards=2, metrics_port=0, **extra)
+                      delete_when="operation = 'DELETE'", writer_id="users", num_shards=2, metrics_port=0, **options)
 
 
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
@@ -65,12 +67,71 @@ def test_identical_redeliveries_write_no_file_and_count_as_unchanged(spark, tmp_
     assert table.file_uris() == previous.file_uris()
 
 
-def test_except_columns_must_be_in_the_stream_and_leave_the_ordering_stored(spark, tmp_path):
-    with pytest.raises(ConfigError, match=r"except_columns \['sequenceNum'\] are key, partition or ordering"):
-        users_config(tmp_path, except_columns=["operation", "sequenceNum"])
+def test_except_columns_must_be_in_the_stream_and_leave_key_and_partition_stored(spark, tmp_path):
+    with pytest.raises(ConfigError, match=r"except_columns \['userId'\] are key or partition columns"):
+        users_config(tmp_path, except_columns=["operation", "userId"])
     sink = UpsertSink(users_config(tmp_path, except_columns=["op"]))
     with pytest.raises(SchemaError, match=r"except_columns \['op'\] are not in the stream"):
         sink.validate(spark.createDataFrame(CHANGES, USERS))
+
+
+def visible_rows(uri):
+    return sorted(tuple(r.values()) for r in DeltaTable(uri).to_pyarrow_table().drop_columns(
+        [HIDDEN_ORDERING_PREFIX + "sequenceNum"]).to_pylist())
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+@pytest.mark.parametrize("split", [[8], [4, 4], [6, 2]], ids=["one-batch", "two-batches", "stale-after-restart"])
+def test_the_published_type_1_example_excepting_its_sequence_column(spark, tmp_path, tag_on, split):
+    """`COLUMNS * EXCEPT (operation, sequenceNum)`: the table keeps the sequence as
+    __ordering_sequenceNum, where a restarted sink's index loads it from (the last split's
+    second batch is all stale: its updates are older than the stored row and the delete)."""
+    cfg = users_config(tmp_path, except_columns=["operation", "sequenceNum"], tag_on=tag_on)
+    start = 0
+    for b, size in enumerate(split):
+        index = {"index_dir": str(tmp_path / f"index-{b}")}  # each batch a new sink on a new index
+        sink = UpsertSink(users_config(tmp_path, except_columns=["operation", "sequenceNum"], tag_on=tag_on, **index))
+        sink(spark.createDataFrame(CHANGES[start:start + size], USERS), b)
+        start += size
+    table = DeltaTable(cfg.table_uri)
+    assert table.schema().to_arrow().names == ["userId", "name", "city", "__ordering_sequenceNum"]
+    assert visible_rows(cfg.table_uri) == [(124, "Raul", "Oaxaca"), (125, "Mercedes", "Guadalajara"),
+                                           (126, "Lily", "Cancun")]
+    if split == [6, 2]:
+        assert (sink.reports[-1].ops["stale"], sink.reports[-1].ops["update"]) == (2, 0)
+    verify_replicas(sink.config)  # the index agrees with the hidden column
+
+
+def test_moving_the_sequence_column_into_except_columns_on_an_existing_table_is_refused(spark, tmp_path):
+    UpsertSink(users_config(tmp_path, except_columns=["operation"]))(spark.createDataFrame(CHANGES[:4], USERS), 0)
+    sink = UpsertSink(users_config(tmp_path, except_columns=["operation", "sequenceNum"]))
+    with pytest.raises(SchemaError, match=r"except_columns \['sequenceNum'\] are columns .* stores"):
+        sink(spark.createDataFrame(CHANGES[4:], USERS), 1)
+
+
+def test_moving_the_sequence_column_out_of_except_columns_on_an_existing_table_is_refused(spark, tmp_path):
+    hidden = users_config(tmp_path, except_columns=["operation", "sequenceNum"])
+    UpsertSink(hidden)(spark.createDataFrame(CHANGES[:4], USERS), 0)
+    sink = UpsertSink(users_config(tmp_path, except_columns=["operation"]))
+    with pytest.raises(ContractMismatchError, match=r"keeps the ordering column\(s\) \[.sequenceNum.\] as "
+                                                    r"\[.__ordering_sequenceNum.\]: except_columns named them"):
+        sink(spark.createDataFrame(CHANGES[4:], USERS), 1)
+    assert visible_rows(hidden.table_uri) == [(123, "Isabel", "Monterrey"), (124, "Raul", "Oaxaca"),
+                                              (125, "Mercedes", "Tijuana"), (126, "Lily", "Cancun")]
+
+
+def test_an_excepted_sequence_column_is_checked_and_quarantined_under_its_own_name(spark, tmp_path):
+    sink = UpsertSink(users_config(tmp_path, except_columns=["operation", "sequenceNum"]))
+    sink(spark.createDataFrame([(1, "a", "x", "INSERT", 1), (2, "b", "y", "INSERT", None)], USERS), 0)
+    assert visible_rows(sink.config.table_uri) == [(1, "a", "x")]
+    quarantined = DeltaTable(sink.config.resolved_quarantine_uri).to_pyarrow_table()
+    assert HIDDEN_ORDERING_PREFIX + "sequenceNum" not in quarantined.column_names
+    assert [(r["userId"], r["_quarantine_reason"]) for r in quarantined.to_pylist()] == [
+        (2, "null ordering column sequenceNum")]
+    clashing = spark.createDataFrame([(1, "a", "x", "INSERT", 1, 1)], USERS + ", __ordering_sequenceNum INT")
+    with pytest.raises(SchemaError, match="the stream has a column '__ordering_sequenceNum', where the table keeps "
+                                          "the ordering column 'sequenceNum'"):
+        sink.validate(clashing)
 
 
 def test_excepting_a_column_the_table_stores_is_refused(spark, tmp_path):
