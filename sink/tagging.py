@@ -266,7 +266,11 @@ def tag_global(
                             sort_keys=[("k", "ascending"), *((c, "ascending") for c in names),
                                        ("s", "ascending")]).to_numpy()
     k_sorted = keys.take(order)
-    own = np.array(partitions.take(order).to_pylist(), object)
+    # Partitions as codes into `names` (-1: none), so the classification below is integer work.
+    encoded = pc.dictionary_encode(partitions.take(order))
+    names = [*encoded.dictionary.to_pylist(), ""]
+    nowhere = len(names) - 1  # a delete of a key no partition holds: kept under ""
+    own = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     o = ordering.stack(columns)[order]
     d = deletes.to_numpy(zero_copy_only=False)[order]
     first = np.ones(n, bool)
@@ -275,14 +279,14 @@ def tag_global(
     starts = np.flatnonzero(first)
     sizes = np.diff(np.append(starts, n))
     group_keys = k_sorted.take(starts)
-    present, e_ord, e_del, e_at, e_loc = unpack_located_many(lookup(group_keys.to_pylist()), len(columns))
+    present, e_ord, e_del, e_at, located = unpack_located_many(lookup(group_keys.to_pylist()), len(columns))
     found = present & ~expired(present, e_del, e_at, expire_before)  # hits count what the index answered
-    e_loc = np.array(e_loc, object)
+    e_loc = _codes(located, present, names)
 
     op = np.full(n, _S, np.int8)
     write = np.full(n, _NO_WRITE, np.int8)
-    stored_at = np.full(n, None, object)
-    location = np.full(n, None, object)
+    stored_at = np.full(n, -1, np.int64)
+    location = np.full(n, -1, np.int64)
     changed = np.zeros(len(starts), bool)
     new_ord, new_del, new_loc = e_ord.copy(), e_del.copy(), e_loc.copy()
 
@@ -293,12 +297,12 @@ def tag_global(
     live = f & ~ed
     op[rows] = np.where(stale, _S, np.where(dd, _D, np.where(live, _U, _I)))
     write[rows] = np.where(stale, _NO_WRITE, np.where(dd, np.where(live, _D, 3), np.where(live, _U, _I)))
-    stored_at[rows] = np.where(~stale & live, el, None)
+    stored_at[rows] = np.where(~stale & live, el, -1)
     # A delete leaves the key where it was; one of an unknown key, where the record says ("" if nowhere).
-    unplaced = np.where(f, el, None)
-    after = np.where(dd, np.where(live, el, np.where(own[rows] != None, own[rows], unplaced)), own[rows])  # noqa: E711
-    after = np.where(after == None, "", after)  # noqa: E711
-    location[rows] = np.where(stale, None, after)
+    unplaced = np.where(f, el, -1)
+    after = np.where(dd, np.where(live, el, np.where(own[rows] >= 0, own[rows], unplaced)), own[rows])
+    after = np.where(after < 0, nowhere, after)
+    location[rows] = np.where(stale, -1, after)
     applied = ~stale
     changed[single[applied]] = True
     new_ord[single[applied]] = oo[applied]
@@ -308,8 +312,8 @@ def tag_global(
     several = np.flatnonzero(sizes > 1).tolist()
     values, stored = (_comparable(o), _comparable(e_ord)) if several else (None, None)
     for g in several:
-        state = _tag_global_group(starts[g], sizes[g], bool(found[g]), stored[g], bool(e_del[g]), e_loc[g],
-                                  values, d, own, incoming_wins_ties, op, write, stored_at, location)
+        state = _tag_global_group(starts[g], sizes[g], bool(found[g]), stored[g], bool(e_del[g]), int(e_loc[g]),
+                                  values, d, own, nowhere, incoming_wins_ties, op, write, stored_at, location)
         if state is not None:
             changed[g], new_ord[g], new_del[g], new_loc[g] = True, state[0], state[1], state[2]
 
@@ -319,23 +323,45 @@ def tag_global(
     hit_sorted = np.zeros(n, bool)
     hit_sorted[starts] = present
     idx = pa.array(np.flatnonzero(changed))
-    changes = _changes(pa.array(new_loc[changed].tolist(), pa.string()), group_keys.take(idx), new_ord[changed],
+    dictionary = pa.array(names, pa.string())
+    changes = _changes(_named(dictionary, new_loc[changed]), group_keys.take(idx), new_ord[changed],
                        new_del[changed], now)
     return TagResult(
         _OP_NAMES.take(pa.array(op[unsorted])),
         _WRITE_NAMES.take(pa.array(np.where(w < 0, 0, w), mask=w < 0)),
         pa.array(hit_sorted[unsorted], mask=~first[unsorted]),
         changes,
-        pa.array(stored_at[unsorted].tolist(), pa.string()),
-        pa.array(location[unsorted].tolist(), pa.string()),
+        _named(dictionary, stored_at[unsorted]),
+        _named(dictionary, location[unsorted]),
     )
 
 
-def _tag_global_group(start, size, found, e_ord, e_del, e_loc, values, d, own, incoming_wins, op, write, stored_at,
-                      location):
-    """Tag one key's records (sorted; `values`: `_comparable` orderings) in global scope;
-    return its (ordering, deleted, partition) after the batch, or None if nothing changed."""
-    table_row = e_loc if found and not e_del else None  # where the table holds the key's row
+def _codes(located: list[str | None], present: np.ndarray, names: list[str]) -> np.ndarray:
+    """Codes into `names` of the partitions the index located keys in (-1 where not found);
+    names it lacks are appended."""
+    codes = np.full(len(located), -1, np.int64)
+    index = {name: i for i, name in enumerate(names)}
+    for i in np.flatnonzero(present).tolist():
+        name = located[i]
+        code = index.get(name)
+        if code is None:
+            code = index[name] = len(names)
+            names.append(name)
+        codes[i] = code
+    return codes
+
+
+def _named(dictionary: pa.Array, codes: np.ndarray) -> pa.Array:
+    """Partition ids of `codes` (null for -1)."""
+    return dictionary.take(pa.array(codes, mask=codes < 0))
+
+
+def _tag_global_group(start, size, found, e_ord, e_del, e_loc, values, d, own, nowhere, incoming_wins, op, write,
+                      stored_at, location):
+    """Tag one key's records (sorted; `values`: `_comparable` orderings; partitions as codes,
+    -1 for none) in global scope; return its (ordering, deleted, partition) after the batch,
+    or None if nothing changed."""
+    table_row = e_loc if found and not e_del else -1  # where the table holds the key's row
     state = (e_ord, e_del, e_loc) if found else None
     last = None
     for row in range(start, start + size):
@@ -344,8 +370,8 @@ def _tag_global_group(start, size, found, e_ord, e_del, e_loc, values, d, own, i
             continue  # op stays stale
         if d[row]:
             op[row] = _D
-            where = state[2] if state is not None and (not state[1] or own[row] is None) else own[row]
-            state = (value, True, where if where is not None else "")
+            where = state[2] if state is not None and (not state[1] or own[row] < 0) else own[row]
+            state = (value, True, where if where >= 0 else nowhere)
         else:
             op[row] = _I if state is None or state[1] else _U
             state = (value, False, own[row])
@@ -353,12 +379,12 @@ def _tag_global_group(start, size, found, e_ord, e_del, e_loc, values, d, own, i
     if last is None:
         return None
     if state[1]:
-        write[last] = _D if table_row is not None else 3
+        write[last] = _D if table_row >= 0 else 3
         # The row a delete removes is where the table holds it, whatever the record names.
-        if table_row is not None:
+        if table_row >= 0:
             state = (state[0], True, table_row)
     else:
-        write[last] = _U if table_row is not None else _I
+        write[last] = _U if table_row >= 0 else _I
     stored_at[last] = table_row
     location[last] = state[2]
     return state
