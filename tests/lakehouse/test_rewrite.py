@@ -5,6 +5,7 @@ import random
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -83,6 +84,32 @@ def test_only_files_with_a_changed_row_are_replaced(tmp_path):
     assert [r["v"] for r in contents(path) if r["k2"] == "k3"] == ["x"]
 
 
+def test_new_keys_join_a_rewritten_file_only_while_it_is_smaller_than_they_are():
+    def table(n):
+        return pa.table({"k": list(range(n))})
+
+    assert [t.num_rows for t in rewrite.with_inserts([], table(5))] == [5]
+    assert [t.num_rows for t in rewrite.with_inserts([table(9), table(3)], table(5))] == [9, 8]  # the smallest
+    assert [t.num_rows for t in rewrite.with_inserts([table(9), table(5)], table(5))] == [9, 5, 5]
+
+
+def test_a_partition_taking_inserts_and_updates_every_batch_keeps_its_files_bounded(tmp_path):
+    """Each batch updates one key of the first file and inserts 30 new keys: the file the
+    updates rewrite stays the size of one batch's inserts plus its own rows, instead of
+    taking every batch's inserts (and being rewritten whole each time)."""
+    path = str(tmp_path / "t")
+    seeded(path, n=6)  # two rows in DAYS[0]: k0 and k3, one per file
+    for batch in range(1, 6):
+        update = {"k1": 0, "k2": "k0", "day": DAYS[0], "o1": 10 + batch, "o2": None, "v": f"b{batch}", "n": batch,
+                  "w": "update"}
+        inserts = [{"k1": i % 7, "k2": f"b{batch}-{i}", "day": DAYS[0], "o1": 1, "o2": None, "v": "new", "n": i,
+                    "w": "insert"} for i in range(30)]
+        rewrite.commit(DeltaTable(path), path, writes_of([update, *inserts], batch=batch))
+    files = [f for f in DeltaTable(path).file_uris() if "day=2024-01-01" in f]
+    assert sorted(pq.ParquetFile(f).metadata.num_rows for f in files) == [1, 30, 30, 30, 30, 31]
+    assert sum(1 for r in contents(path) if r["day"] == DAYS[0]) == 2 + 5 * 30
+
+
 def test_a_partition_value_that_needs_escaping_is_removed_not_doubled(tmp_path):
     """delta-rs encodes a remove's path again: the log's spelling would remove nothing."""
     path = str(tmp_path / "t")
@@ -153,16 +180,17 @@ def test_partial_updates_keep_stored_values_where_theirs_are_null(tmp_path):
     assert (got["v"], got["n"], got["o1"]) == (stored["v"], 77, 9)
 
 
-def new_file_stats(path):
+def new_file_stats(path, key="new"):
+    """The add action of the file holding only `key`."""
     actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
-    return actions.sort_by([("modification_time", "descending")]).slice(0, 1)
+    return actions.filter(pc.and_(pc.equal(actions.column("min.k2"), key), pc.equal(actions.column("max.k2"), key)))
 
 
 @pytest.mark.parametrize("micros", [5_000_000, 5_000_001])
 def test_written_files_carry_the_stats_delta_rs_writes(tmp_path, micros):
-    """The same rows written by delta-rs and by the rewrite: the same add.stats; except that a
-    timestamp max is kept to the microsecond, where delta-rs 1.6.6 cuts it to the millisecond
-    (below the true max: a reader would skip the file for the rows past it)."""
+    """The same rows written by delta-rs and by the rewrite: the same add.stats; except that
+    timestamps are kept to the microsecond, where delta-rs 1.6.6 cuts them to the millisecond
+    (a max below the true max: a reader would skip the file for the rows past it)."""
     path, ref = str(tmp_path / "t"), str(tmp_path / "ref")
     seeded(path)
     latest = pa.scalar(micros, pa.timestamp("us", tz="UTC")).as_py()
@@ -174,10 +202,11 @@ def test_written_files_carry_the_stats_delta_rs_writes(tmp_path, micros):
     write_deltalake(ref, data.append_column("day", pa.array([DAYS[0]] * data.num_rows)), partition_by=["day"])
     expected = new_file_stats(ref)
     stat_cols = [c for c in expected.column_names if c.split(".")[0] in ("num_records", "null_count", "min", "max")]
-    exact = [c for c in stat_cols if c != "max.o2"]
+    exact = [c for c in stat_cols if c not in ("min.o2", "max.o2")]
     assert new_file.select(exact).to_pylist() == expected.select(exact).to_pylist()
-    assert new_file.column("max.o2")[0].as_py() == latest
-    assert expected.column("max.o2")[0].as_py() == latest.replace(microsecond=latest.microsecond // 1000 * 1000)
+    cut = latest.replace(microsecond=latest.microsecond // 1000 * 1000)
+    for stat in ("min.o2", "max.o2"):  # the new key's file holds that one row
+        assert (new_file.column(stat)[0].as_py(), expected.column(stat)[0].as_py()) == (latest, cut)
 
 
 def test_a_file_gone_before_the_commit_fails_the_check_and_commits_nothing(tmp_path, monkeypatch):
