@@ -33,8 +33,8 @@ def markdown(result: dict) -> str:
             moves = sum(sink.get("shard_moves", [0])[1:])
             lines.append(f"| {label} | {case['table_rows'] // 1_000_000}M | "
                          f"{case['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
-                         f"({case['ratio_baseline_over_sink_executors']:.2f}x) | {sink['median_warm']:.2f} s | {loads} | "
-                         f"{moves} |")
+                         f"({case['ratio_baseline_over_sink_executors']:.2f}x) | {sink['median_warm']:.2f} s | "
+                         f"{loads} | {moves} |")
     if result.get("driver_memory"):
         lines += ["", "| one batch, executor tagging, two executors | commit | driver's Python peak above its "
                   "peak before | batch | table equal to expected |", "|---:|---|---:|---:|---|"]
@@ -43,8 +43,8 @@ def markdown(result: dict) -> str:
             lines.append(f"| {c['records']:,} records | {how} ({c['mode']}) | {c['driver_peak_rise_mb']:,.0f} MB "
                          f"| {c['batch_seconds']:.1f} s | {c['table_exact']} |")
     if result.get("e2e_tiny"):
-        lines += ["", "| tiny batches (events mix) | table rows | records per batch | hand-written MERGE | sink, default "
-                  "| sink, executor tagging |", "|---|---:|---:|---:|---:|---:|"]
+        lines += ["", "| tiny batches (events mix) | table rows | records per batch | hand-written MERGE "
+                  "| sink, default | sink, executor tagging |", "|---|---:|---:|---:|---:|---:|"]
         for c in result["e2e_tiny"]:
             lines.append(f"| events | {c['table_rows'] // 1_000_000}M | {c['batch_rows']:,} | "
                          f"{c['baseline']['median_after_first']:.2f} s | {c['sink']['median_after_first']:.2f} s "
@@ -89,8 +89,8 @@ def markdown(result: dict) -> str:
                          + f" | {'n/a' if filters is None else f'{filters} B'} |")
     if result.get("global"):
         lines += ["", "| global scope | table rows | MERGE on the key alone | sink | sink commit "
-                  "| index memory per key | key filter per key | its false positives per batch | partition loads after bootstrap "
-                  "| tables equal to the oracle |",
+                  "| index memory per key | key filter per key | its false positives per batch "
+                  "| partition loads after bootstrap | tables equal to the oracle |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for c in result["global"]:
             sink = c["sink"]
@@ -115,6 +115,8 @@ def markdown(result: dict) -> str:
         f"| tagging, hits from RocksDB (memory tier off) | {t['cold_hits_per_s']:,} records/s |",
         f"| tagging, misses (new keys) | {t['misses_per_s']:,} records/s |",
         f"| tagging against a plain dict index | {t['dict_hits_per_s']:,} records/s |",
+        *([f"| memory tier, bytes per entry held (at most `hot_cache_entries` per shard replica) | "
+           f"{t['memory_tier_bytes_per_entry']} |"] if "memory_tier_bytes_per_entry" in t else []),
         f"| bootstrap, {i['parameters']['partitions']} x {i['parameters']['keys_per_partition']:,} keys, "
         f"{i['parameters']['shards']} shards | {i['bootstrap']['keys_per_second']:,} keys/s |",
         f"| one cold {i['cold_partition']['keys']:,}-key partition | {i['cold_partition']['seconds']:.2f} s |",

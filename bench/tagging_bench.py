@@ -48,6 +48,7 @@ def run(index_keys: int, batch_rows: int, hot_cache_entries: int, log=print) -> 
                 return tag(*batch, lookup=replica.lookup_packed)
 
             replica.lookup_packed(PID, hits)  # warm the memory tier with the batch's keys
+            results["memory_tier_bytes_per_entry"] = round(replica.tier.memory_bytes() / len(replica.tier))
             before = dict(replica.lookups)
             results["warm_hits_per_s"] = round(_rate(with_replica, _batch(hits, index_keys + 1), batch_rows))
             memory = replica.lookups["memory"] - before["memory"]
@@ -66,5 +67,5 @@ def run(index_keys: int, batch_rows: int, hot_cache_entries: int, log=print) -> 
     results["dict_misses_per_s"] = round(_rate(with_dict, _batch(misses, 1), batch_rows))
     log(f"tagging: warm {results['warm_hits_per_s']:,}/s ({results['warm_memory_hit_share']:.0%} memory), "
         f"cold hits {results['cold_hits_per_s']:,}/s, misses {results['misses_per_s']:,}/s, "
-        f"dict {results['dict_hits_per_s']:,}/s")
+        f"dict {results['dict_hits_per_s']:,}/s; memory tier {results['memory_tier_bytes_per_entry']} B/entry")
     return results

@@ -8,6 +8,7 @@ a process when the replica carries the token the process wrote when it last clos
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 
@@ -34,6 +35,15 @@ class HotTier:
             for pid, entries in generation.items():
                 for key, raw in entries.items():
                     yield (pid, key), raw
+
+    def memory_bytes(self) -> int:
+        """What the held entries take in this process: their key and value objects and the
+        dicts holding them (`capacity` times its per-entry figure bounds it)."""
+        total = 0
+        for generation in (self._old, self._young):
+            for entries in generation.values():
+                total += sys.getsizeof(entries) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in entries.items())
+        return total
 
     def get_many(self, pid: str, keys: Sequence[bytes]) -> list[bytes | None]:
         young = self._young.get(pid, {})

@@ -88,6 +88,21 @@ def test_a_reopened_replica_answers_from_memory(tmp_path):
         assert r.lookups == {"memory": 5, "rocksdb": 0, "miss": 0, "filter": 1}  # the key filter knows KEYS[5]
 
 
+def test_memory_bytes_counts_every_held_key_and_value_and_nothing_once_they_go():
+    tier = HotTier(1000)
+    assert tier.memory_bytes() == 0
+    keys, raws = [f"user-{i:06d}".encode() for i in range(200)], [Entry(i).pack() for i in range(200)]
+    tier.put_many("p", keys[:100], raws[:100])
+    half = tier.memory_bytes()
+    assert half > sum(len(k) + len(r) for k, r in zip(keys[:100], raws[:100]))  # object headers and slots on top
+    tier.put_many("q", keys[100:], raws[100:])
+    assert 1.9 * half <= tier.memory_bytes() <= 2.1 * half  # as many entries again, of the same sizes
+    tier.drop_partition("q")
+    assert tier.memory_bytes() == half
+    tier.clear()
+    assert tier.memory_bytes() == 0
+
+
 def test_recently_used_entries_survive_and_the_rest_go():
     tier = HotTier(4)
     tier.put_many("p", [b"a", b"b", b"c"], [b"1", b"2", b"3"])  # over half the capacity: they age
