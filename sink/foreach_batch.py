@@ -197,7 +197,7 @@ class UpsertSink:
         self.writer_id = config.resolved_writer_id
         self.reports: list[BatchReport] = []
         self._target = DeltaTarget(config.table_uri, config.partition_by, config.commit_mode)
-        self._contract = Contract.of(config)
+        self._contract = Contract.of(self.config)  # where the table keeps the ordering
         self._validated = None
         self._on_driver: bool | None = None  # where tagging runs, resolved at the first batch
         self._kept_open_dir: Path | None = None  # this table's replicas kept open by driver tagging

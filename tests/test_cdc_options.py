@@ -3,7 +3,7 @@
 import pytest
 from deltalake import DeltaTable
 
-from sink import SchemaError, SinkConfig, UpsertSink
+from sink import SchemaError, SinkConfig, UpsertSink, cli
 from sink.config import HIDDEN_ORDERING_PREFIX
 from sink.errors import ConfigError, ContractMismatchError
 from tests.oracle import verify_replicas
@@ -100,6 +100,20 @@ def test_the_published_type_1_example_excepting_its_sequence_column(spark, tmp_p
     if split == [6, 2]:
         assert (sink.reports[-1].ops["stale"], sink.reports[-1].ops["update"]) == (2, 0)
     verify_replicas(sink.config)  # the index agrees with the hidden column
+
+
+def test_the_cli_reads_the_contract_and_the_index_of_an_excepted_sequence_column(spark, tmp_path, capsys):
+    UpsertSink(users_config(tmp_path, except_columns=["operation", "sequenceNum"]))(
+        spark.createDataFrame(CHANGES, USERS), 0)
+    conf = tmp_path / "sink.toml"
+    conf.write_text('[sink]\ntable_uri = "users"\nkey = ["userId"]\nordering = "sequenceNum"\n'
+                    'except_columns = ["operation", "sequenceNum"]\ndelete_when = "operation = \'DELETE\'"\n'
+                    'writer_id = "users"\nindex_dir = "index"\nnum_shards = 2\n')
+    assert cli.main(["contract", "--config", str(conf)]) == 0
+    assert "table and config agree: key ['userId'], partition_by [], ordering '__ordering_sequenceNum'" in \
+        capsys.readouterr().out
+    assert cli.main(["verify", "--config", str(conf)]) == 0
+    assert "OK: every replica matches the table" in capsys.readouterr().out
 
 
 def test_moving_the_sequence_column_into_except_columns_on_an_existing_table_is_refused(spark, tmp_path):
