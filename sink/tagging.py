@@ -266,10 +266,10 @@ def tag_global(
                             sort_keys=[("k", "ascending"), *((c, "ascending") for c in names),
                                        ("s", "ascending")]).to_numpy()
     k_sorted = keys.take(order)
-    # Partitions as codes into `names` (-1: none), so the classification below is integer work.
+    # Partitions as codes into `pids` (-1: none), so the classification below is integer work.
     encoded = pc.dictionary_encode(partitions.take(order))
-    names = [*encoded.dictionary.to_pylist(), ""]
-    nowhere = len(names) - 1  # a delete of a key no partition holds: kept under ""
+    pids = [*encoded.dictionary.to_pylist(), ""]
+    nowhere = len(pids) - 1  # a delete of a key no partition holds: kept under ""
     own = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     o = ordering.stack(columns)[order]
     d = deletes.to_numpy(zero_copy_only=False)[order]
@@ -281,7 +281,7 @@ def tag_global(
     group_keys = k_sorted.take(starts)
     present, e_ord, e_del, e_at, located = unpack_located_many(lookup(group_keys.to_pylist()), len(columns))
     found = present & ~expired(present, e_del, e_at, expire_before)  # hits count what the index answered
-    e_loc = _codes(located, present, names)
+    e_loc = _codes(located, present, pids)
 
     op = np.full(n, _S, np.int8)
     write = np.full(n, _NO_WRITE, np.int8)
@@ -323,7 +323,7 @@ def tag_global(
     hit_sorted = np.zeros(n, bool)
     hit_sorted[starts] = present
     idx = pa.array(np.flatnonzero(changed))
-    dictionary = pa.array(names, pa.string())
+    dictionary = pa.array(pids, pa.string())
     changes = _changes(_named(dictionary, new_loc[changed]), group_keys.take(idx), new_ord[changed],
                        new_del[changed], now)
     return TagResult(
@@ -336,17 +336,17 @@ def tag_global(
     )
 
 
-def _codes(located: list[str | None], present: np.ndarray, names: list[str]) -> np.ndarray:
-    """Codes into `names` of the partitions the index located keys in (-1 where not found);
-    names it lacks are appended."""
+def _codes(located: list[str | None], present: np.ndarray, pids: list[str]) -> np.ndarray:
+    """Codes into `pids` of the partitions the index located keys in (-1 where not found);
+    partitions it lacks are appended."""
     codes = np.full(len(located), -1, np.int64)
-    index = {name: i for i, name in enumerate(names)}
+    index = {pid: i for i, pid in enumerate(pids)}
     for i in np.flatnonzero(present).tolist():
-        name = located[i]
-        code = index.get(name)
+        pid = located[i]
+        code = index.get(pid)
         if code is None:
-            code = index[name] = len(names)
-            names.append(name)
+            code = index[pid] = len(pids)
+            pids.append(pid)
         codes[i] = code
     return codes
 
