@@ -6,23 +6,15 @@ from deltalake import DeltaTable
 from sink import SchemaError, SinkConfig, UpsertSink, cli
 from sink.config import HIDDEN_ORDERING_PREFIX
 from sink.errors import ConfigError, ContractMismatchError
+from tests.examples import USER_CHANGES
 from tests.oracle import verify_replicas
 
 pytestmark = pytest.mark.spark
 
-# Databricks' AUTO CDC (APPLY CHANGES) SCD type 1 example: changes of users, deleted by
-# operation = 'DELETE', sequenced by sequenceNum, stored without the operation column.
+# Databricks' AUTO CDC (APPLY CHANGES) SCD type 1 example (tests.examples), stored without the
+# operation column.
 USERS = "userId INT, name STRING, city STRING, operation STRING, sequenceNum INT"
-CHANGES = [
-    (124, "Raul", "Oaxaca", "INSERT", 1),
-    (123, "Isabel", "Monterrey", "INSERT", 1),
-    (125, "Mercedes", "Tijuana", "INSERT", 2),
-    (126, "Lily", "Cancun", "INSERT", 2),
-    (123, None, None, "DELETE", 6),
-    (125, "Mercedes", "Guadalajara", "UPDATE", 6),
-    (125, "Mercedes", "Mexicali", "UPDATE", 5),
-    (123, "Isabel", "Chihuahua", "UPDATE", 5),
-]
+CHANGES = USER_CHANGES
 
 
 def users_config(tmp_path, **extra):
