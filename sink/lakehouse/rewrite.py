@@ -20,7 +20,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -143,7 +143,7 @@ def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
     outputs, removed, unchanged = _partition_tables(fs, root, files, rows, values, writes)
     data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
-    return Rewrite([_write_file(fs, root, t, values, data_schema) for t in outputs], removed, unchanged)
+    return Rewrite([write_file(fs, root, t, values, data_schema) for t in outputs], removed, unchanged)
 
 
 def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
@@ -152,23 +152,14 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     """One partition: the tables to write (rewritten files, then new keys), the files they
     replace, and the no-op updates."""
     key_schema = pa.schema([writes.schema.field(c) for c in writes.key_cols])
-    incoming_keys = _row_keys(conform(rows, key_schema), writes.key_cols)
+    incoming_keys = row_keys(conform(rows, key_schema), writes.key_cols)
     matched = np.zeros(rows.num_rows, bool)
     outputs: list[pa.Table] = []
     removed: list[StoredFile] = []
     unchanged = 0
-    for f in files:
-        path = f"{root}/{unquote(f.path)}"
-        with fs.open_input_file(path) as source:
-            parquet = pq.ParquetFile(source)
-            probe = parquet.read(columns=writes.key_cols)
-            at = pc.index_in(_row_keys(conform(probe, key_schema), writes.key_cols), value_set=incoming_keys)
-            if at.null_count == len(at):
-                continue
-            matched[at.drop_null().to_numpy()] = True
-            rest = parquet.read(columns=[c for c in parquet.schema_arrow.names if c not in writes.key_cols])
-        stored = _with_partition_values(_joined(probe, rest), values, writes.schema)
-        result, no_ops = apply_writes(conform(stored, writes.schema), rows, at, writes)
+    for f, stored, at in matching_files(fs, root, files, incoming_keys, writes.key_cols, values, writes.schema):
+        matched[at.drop_null().to_numpy()] = True
+        result, no_ops = apply_writes(stored, rows, at, writes)
         unchanged += no_ops
         if result is not None:
             outputs.append(result)
@@ -177,6 +168,25 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     if pc.any(new_keys).as_py():
         outputs = with_inserts(outputs, conform(rows.filter(new_keys), writes.schema))
     return outputs, removed, unchanged
+
+
+def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,
+                   key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema
+                   ) -> Iterator[tuple[StoredFile, pa.Table, pa.Array]]:
+    """Of one partition's `files` (its partition `values`), those holding a row of
+    `incoming_keys` (`row_keys`): each with its rows (in `schema`, partition columns
+    included) and, per row, its key's position in `incoming_keys` (null: none). Each file is
+    probed on its key columns first and read whole only when it matches."""
+    key_schema = pa.schema([schema.field(c) for c in key_cols])
+    for f in files:
+        with fs.open_input_file(f"{root}/{unquote(f.path)}") as source:
+            parquet = pq.ParquetFile(source)
+            probe = parquet.read(columns=list(key_cols))
+            at = pc.index_in(row_keys(conform(probe, key_schema), key_cols), value_set=incoming_keys)
+            if at.null_count == len(at):
+                continue
+            rest = parquet.read(columns=[c for c in parquet.schema_arrow.names if c not in key_cols])
+        yield f, conform(_with_partition_values(_joined(probe, rest), values, schema), schema), at
 
 
 def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]:
@@ -266,7 +276,7 @@ def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[Stored
                                    "nothing was committed")
 
 
-def _write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
+def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
                 data_schema: pa.Schema) -> WrittenFile:
     """One new data file (partition columns live in the log, not in the file) and its action."""
     data = rows.select(data_schema.names)
@@ -307,7 +317,7 @@ def _with_partition_values(stored: pa.Table, values: Mapping[str, str | None], s
     return stored
 
 
-def _row_keys(rows: pa.Table, key_cols: Sequence[str]) -> pa.Array:
+def row_keys(rows: pa.Table, key_cols: Sequence[str]) -> pa.Array:
     """Comparable keys: the column itself for one key column, the encoded key for several."""
     if len(key_cols) == 1:
         column = rows.column(key_cols[0])

@@ -213,14 +213,14 @@ def test_a_file_gone_before_the_commit_fails_the_check_and_commits_nothing(tmp_p
     path = str(tmp_path / "t")
     seeded(path)
     version = DeltaTable(path).version()
-    write_file = rewrite._write_file
+    write_file = rewrite.write_file
 
     def lost(fs, root, rows, values, schema):
         written = write_file(fs, root, rows, values, schema)
         fs.delete_file(f"{root}/{written.action.path}")
         return written
 
-    monkeypatch.setattr(rewrite, "_write_file", lost)
+    monkeypatch.setattr(rewrite, "write_file", lost)
     row = {"k1": 0, "k2": "k0", "day": DAYS[0], "o1": 9, "o2": None, "v": "z", "n": 4, "w": "update"}
     with pytest.raises(CommitCheckError, match="missing"):
         rewrite.commit(DeltaTable(path), path, writes_of([row]))
