@@ -205,7 +205,7 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
                     held.update(staged.get(pid, {}))
                 live = {k: Entry.of(v).ordering for k, v in zip(keys, unpack_many(raws, replica.width)[1].tolist())}
                 checked += len(held)
-                problems += _compare(pid, live, held)
+                problems += _compare(pid, live, held, history=cfg.scd_type == 2)
     return {"shard": shard, "of": of, "version": version, "entries_checked": checked,
             "mismatches": len(problems), "examples": problems[:10]}
 
@@ -227,12 +227,17 @@ def _caught_up(cfg: SinkConfig, replica: ShardReplica) -> tuple[int | None, dict
     return version + 1, replica.staged()
 
 
-def _compare(pid: str, live: dict[bytes, int], held: dict) -> list[str]:
+def _compare(pid: str, live: dict[bytes, int], held: dict, history: bool = False) -> list[str]:
+    """Mismatches of the table's keys (`live`: key -> ordering) and the replica's entries. A
+    history table (scd_type = 2) keeps a deleted key's versions, and its index answers only
+    whether a key is there: entries are checked for presence."""
     out = []
     for key, ordering in live.items():
         entry = held.get(key)
         if entry is None:
             out.append(f"{pid}: key {key!r} is in the table, not in the replica")
+        elif history:
+            continue
         elif entry.deleted:
             out.append(f"{pid}: key {key!r} is in the table, deleted in the replica")
         elif entry.ordering != ordering:
@@ -268,6 +273,10 @@ def contract(ctx: Context, rewrite: bool) -> tuple[int, list[str]]:
         return 1, ["the table records another contract than the config (table vs config):",
                    *(f"  {d}" for d in recorded.differences(wanted)),
                    "change it deliberately with --rewrite (checks the table's rows against the config's)"]
+    if recorded is not None and (recorded.scd_type, recorded.track_history) != (wanted.scd_type, wanted.track_history):
+        return 1, ["not recorded: a rewrite cannot change scd_type or the tracked columns (table vs config): "
+                   f"scd_type {recorded.scd_type} vs {wanted.scd_type}, track_history {recorded.track_history} vs "
+                   f"{wanted.track_history}; write the history into a new table"]
     problems = _unmet(table, wanted)
     if problems:
         return 1, [f"not recorded: the table does not satisfy the config's contract ({shown}):",
@@ -285,6 +294,8 @@ def _unmet(table: DeltaTable, wanted: Contract) -> list[str]:
     if list(table.metadata().partition_columns) != list(wanted.partition_by):
         return [f"the table is partitioned by {list(table.metadata().partition_columns)}, not "
                 f"{list(wanted.partition_by)} (a rewrite cannot repartition it)"]
+    if wanted.scd_type == 2:  # a history table has a row per version of a key
+        return []
     unique_by = [*wanted.key, *(wanted.partition_by if wanted.scope == "partitioned" else ())]
     counts = pa.table(table.to_pyarrow_table(columns=unique_by)).group_by(unique_by).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts.column("count_all"), 1))

@@ -19,6 +19,7 @@ TIES = ("incoming", "existing")
 TAG_ON = ("auto", "executors", "driver")
 SCHEMA_EVOLUTION = ("add_columns", "fail")
 COMMIT_MODES = ("auto", "merge")
+SCD_TYPES = (1, 2)
 # An ordering column named in except_columns is kept in the table under this prefix: the
 # index, partition loads and the commit paths read it from there.
 HIDDEN_ORDERING_PREFIX = "__ordering_"
@@ -96,6 +97,13 @@ class SinkConfig:
     commit_mode: str = "auto"
     # A stream column the table lacks: added to the table in the batch's commit, or refused.
     schema_evolution: str = "add_columns"
+    # 1: one row per key, its latest state. 2: a history table (AUTO CDC's STORED AS SCD TYPE 2),
+    # one row per version of a key, valid from __START_AT until __END_AT (null: current).
+    scd_type: int = 1
+    # scd_type = 2: the stored columns whose change opens a version (default: all but the key,
+    # partition and ordering columns), or those whose change only updates the current one.
+    track_history_columns: list[str] | None = None
+    track_history_except_columns: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -126,7 +134,7 @@ class SinkConfig:
                     values[name] = _resolve(values[name], base_dir)
         if isinstance(values.get("key"), str):
             values["key"] = [values["key"]]
-        for name in ("partition_by", "except_columns"):
+        for name in ("partition_by", "except_columns", "track_history_columns", "track_history_except_columns"):
             if isinstance(values.get(name), str):
                 values[name] = [values[name]]
         return cls(**values)
@@ -187,6 +195,7 @@ class SinkConfig:
         _require_int("metrics_port", self.metrics_port, 0, 65535)
         _require_int("max_commit_retries", self.max_commit_retries, 0, 100)
         _require_int("changelog_retention_versions", self.changelog_retention_versions, 1, 10_000_000)
+        self._validate_history()
         if self.writer_id is not None:
             _require_str("writer_id", self.writer_id)
         if self.writer_id is None and self.checkpoint_dir is None:
@@ -194,6 +203,41 @@ class SinkConfig:
                 "set checkpoint_dir (the query's checkpoint location) or writer_id: "
                 "the writer id makes commits exactly-once and must change with the checkpoint"
             )
+
+    def _validate_history(self) -> None:
+        if isinstance(self.scd_type, bool) or self.scd_type not in SCD_TYPES:
+            raise ConfigError(f"scd_type = {self.scd_type!r} is not accepted; accepted values: {list(SCD_TYPES)}")
+        named = {n: v for n, v in (("track_history_columns", self.track_history_columns),
+                                   ("track_history_except_columns", self.track_history_except_columns))
+                 if v is not None}
+        for name, columns in named.items():
+            _require_columns(name, columns, allow_empty=name == "track_history_except_columns")
+            if self.scd_type != 2:
+                raise ConfigError(f"{name} applies to scd_type = 2 only (scd_type = {self.scd_type})")
+            fixed = sorted(set(columns) & {*self.key, *self.partition_by, *self.ordering_columns})
+            if fixed:
+                raise ConfigError(f"{name} names key, partition or ordering column(s) {fixed}: history tracks the "
+                                  "other stored columns (a key's versions share its key and partition, and the "
+                                  "ordering changes with every event)")
+        if len(named) == 2:
+            raise ConfigError("set track_history_columns or track_history_except_columns, not both")
+        if self.scd_type != 2:
+            return
+        unsupported = [(self.scope == "global", "scope = 'global'", "scope = 'partitioned'"),
+                       (self.ignore_null_updates, "ignore_null_updates = true", "ignore_null_updates = false"),
+                       (self.tag_on == "executors", "tag_on = 'executors'", "tag_on = 'driver' or 'auto'"),
+                       (self.commit_mode == "merge", "commit_mode = 'merge'", "commit_mode = 'auto'")]
+        for refused, setting, accepted in unsupported:
+            if refused:
+                raise ConfigError(f"scd_type = 2 does not support {setting} yet; use {accepted}")
+
+    def tracked_columns(self, stored: list[str]) -> list[str]:
+        """scd_type = 2: of the table's `stored` columns, those whose change opens a version."""
+        fixed = {*self.key, *self.partition_by, *self.ordering_columns}
+        values = [c for c in stored if c not in fixed]
+        if self.track_history_columns is not None:
+            return [c for c in values if c in self.track_history_columns]
+        return [c for c in values if c not in (self.track_history_except_columns or ())]
 
     def _validate_tiering(self) -> None:
         date = self.partition_date

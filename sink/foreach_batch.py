@@ -25,6 +25,7 @@ from sink.arrival import batch_files, file_order
 from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
 from sink.errors import (
     CommitConflictError,
+    ConfigError,
     ContractMismatchError,
     PartitionLoadError,
     SchemaError,
@@ -39,6 +40,7 @@ from sink.executor import (
     tag_batches,
     tag_locally,
 )
+from sink.history import HISTORY_COLUMNS, HistoryColumns, events_schema, history_fields
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
@@ -56,6 +58,8 @@ from sink.lakehouse.delta_rs import (
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns
+from sink.lakehouse.versions import KNOWN_COLUMN, HistoryWrites, free_deletes
+from sink.lakehouse.writes import conform
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED, record_partitions
 from sink.placement import PLACEMENTS, WITHOUT_PARTITION
@@ -144,6 +148,9 @@ class BatchReport:
     jobs_rerun: int = 0  # tagging jobs Spark aborted after losing an executor, run again
     write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)
     tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
+    # scd_type = 2: rows of the batch's keys' rebuilt histories, and the stored rows they replaced.
+    versions_written: int = 0
+    versions_replaced: int = 0
     total_seconds: float = 0.0
 
     @contextmanager
@@ -183,6 +190,8 @@ class BatchReport:
             f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "
             f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "
             f"tag_steps_s={','.join(f'{p}:{s:.3f}' for p, s in self.tag_steps.items() if s >= 0.0005)}"
+            + (f" versions_written={self.versions_written} versions_replaced={self.versions_replaced}"
+               if self.versions_written or self.versions_replaced else "")
         )
 
 
@@ -237,18 +246,46 @@ class UpsertSink:
             raise ContractMismatchError(
                 f"{cfg.table_uri} keeps the ordering column(s) {list(hidden)} as {list(hidden.values())}: "
                 "except_columns named them when the table was written; name them in except_columns again")
+        history = [c for c in HISTORY_COLUMNS if c in table.names]
+        if history and cfg.scd_type != 2:
+            raise ContractMismatchError(f"{cfg.table_uri} is a history table (it has {history}, written with "
+                                        f"scd_type = 2); the config says scd_type = {cfg.scd_type}")
+        if cfg.scd_type == 2 and len(history) < len(HISTORY_COLUMNS):
+            raise ContractMismatchError(f"{cfg.table_uri} is not a history table (it lacks "
+                                        f"{[c for c in HISTORY_COLUMNS if c not in history]}): scd_type = 2 writes "
+                                        "to a table it creates, or one it wrote")
         stored = [c for c in cfg.except_columns if c in table.names]
         if stored:
             raise SchemaError(f"except_columns {stored} are columns {cfg.table_uri} stores: the sink never leaves a "
                               "stored column empty; remove them from except_columns, or from the table first")
-        return added_columns(self._stored_schema(df, table.names), table, roles, cfg.schema_evolution)
+        # The history columns are the sink's: their type follows the contract, checked apart.
+        stream, table = (pa.schema([f for f in s if f.name not in HISTORY_COLUMNS])
+                         for s in (self._stored_schema(df, table.names), table))
+        added = added_columns(stream, table, roles, cfg.schema_evolution)
+        if added and cfg.scd_type == 2:
+            raise SchemaError(f"the stream has column(s) {[f.name for f in added]} that {cfg.table_uri} lacks: "
+                              "scd_type = 2 does not add columns to a history table yet; add them to the table "
+                              "first, or leave them out with except_columns")
+        return added
 
     def _stored_schema(self, df: DataFrame, table_columns: list[str] = ()) -> pa.Schema:
         """The stream's columns the table stores: all but `except_columns` and the corrupt-record
         column (kept where `table_columns` already has it: a table created before the sink knew it)."""
         schema = to_arrow_schema(df.schema, timezone="UTC")
         unstored = set(self.config.unstored_columns) - ({self.config.corrupt_record_column} & set(table_columns))
-        return pa.schema([f for f in schema if f.name not in unstored])
+        stored = pa.schema([f for f in schema if f.name not in unstored])
+        if self.config.scd_type != 2:
+            return stored
+        return pa.schema([*stored, *history_fields(stored, self._history_columns(stored))])
+
+    def _history_columns(self, schema: pa.Schema) -> HistoryColumns:
+        """scd_type = 2: the history's columns in a table of `schema`; a key's history is per
+        partition (scope = 'partitioned')."""
+        cfg = self.config
+        fixed = {*cfg.key, *cfg.partition_by, *cfg.ordering_columns, *HISTORY_COLUMNS}
+        values = [f.name for f in schema if f.name not in fixed]
+        return HistoryColumns(key=(*cfg.partition_by, *cfg.key), ordering=tuple(cfg.ordering_columns),
+                              delete=C.DELETE, values=tuple(values), tracked=tuple(cfg.tracked_columns(values)))
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -296,7 +333,11 @@ class UpsertSink:
     def _resolve_tag_on(self, batch_df: DataFrame) -> None:
         if self._on_driver is not None:
             return
-        self._on_driver = self.config.tags_on_driver(batch_df.sparkSession.sparkContext.master)
+        master = batch_df.sparkSession.sparkContext.master
+        self._on_driver = self.config.tags_on_driver(master)
+        if self.config.scd_type == 2 and not self._on_driver:
+            raise ConfigError(f"scd_type = 2 tags on the driver only for now; tag_on = {self.config.tag_on!r} "
+                              f"under master {master!r} tags on the executors: set tag_on = 'driver'")
         # Other executors may tag a shard's next batch: they catch up from the changelog.
         self._changelog_uri = None if self._on_driver else self.config.resolved_changelog_uri
         log.info("tagging on the %s (tag_on = %r)", "driver" if self._on_driver else "executors", self.config.tag_on)
@@ -363,7 +404,9 @@ class UpsertSink:
             snapshot = self._target.version()
             try:
                 with report.timed("commit"):
-                    if batch.written is None:
+                    if cfg.scd_type == 2:
+                        self._commit_history(batch.records, ctx, batch.shards, report)
+                    elif batch.written is None:
                         self._commit(batch.records, ctx, batch.shards, added, report)
                     else:
                         self._commit_written(batch.written, ctx, batch.shards, added, report)
@@ -600,6 +643,29 @@ class UpsertSink:
         )
         report.record(outcome)
 
+    def _commit_history(self, records: pa.Table, ctx: TaskContext, shards: list[int], report: BatchReport) -> None:
+        """scd_type = 2: every valid record is an event of its key's history; keys the index
+        holds are rebuilt with what the table keeps of them, new keys from the batch alone."""
+        cfg = self.config
+        schema = self._target.arrow_schema()
+        cols = self._history_columns(schema)
+        valid = records.filter(pc.is_null(records.column(C.REASON)))
+        pids = keys.partition_ids(valid, cfg.partition_by)
+        groups = pc.binary_join_element_wise(pids, valid.column(C.KEY), "\x00")
+        known = pc.is_in(groups, value_set=groups.filter(pc.fill_null(valid.column(C.HIT), False)))
+        events = conform(valid, events_schema(schema, cols)).append_column(KNOWN_COLUMN, known)
+        upserts = pc.invert(valid.column(C.DELETE))
+        report.ops = {**dict.fromkeys(OUTCOMES, 0), QUARANTINED: report.ops[QUARANTINED],
+                      INSERT: _count(pc.and_(upserts, pc.invert(known))), UPDATE: _count(pc.and_(upserts, known)),
+                      DELETE: _count(valid.column(C.DELETE))}
+        free = free_deletes(self._target.table, cfg.resolved_tombstone_uri,
+                            pc.unique(pids.filter(known)).to_pylist(), cols, schema, cfg.tombstone_ttl_seconds, ctx.now)
+        outcome, done = self._target.commit_history(
+            HistoryWrites(events, free, schema, cols, list(cfg.key), list(cfg.partition_by)),
+            self.writer_id, ctx.batch_id, self._commit_metadata(ctx, shards))
+        report.record(outcome)
+        report.versions_written, report.versions_replaced = done.versions_written, done.versions_replaced
+
     def _commit_written(self, written: Written, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                         report: BatchReport) -> None:
         """Commit the files the writing tasks wrote."""
@@ -652,6 +718,8 @@ class UpsertSink:
         """
         cfg = self.config
         per_key = cfg.key if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
+        if cfg.scd_type == 2:  # every delete is an event of the key's history
+            per_key = [*per_key, *cfg.ordering_columns]
         deletes = latest_per_key(deletes.select([*cfg.key, *cfg.partition_by, *cfg.ordering_columns]), per_key,
                                  cfg.ordering_columns)
         n = deletes.num_rows
@@ -661,6 +729,10 @@ class UpsertSink:
             TOMBSTONE_DELETED_AT, pa.array([int(now) * 1_000_000] * n, pa.timestamp("us", tz="UTC")))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
                     schema_mode="merge")
+
+
+def _count(mask: pa.Array) -> int:
+    return pc.sum(pc.cast(mask, pa.int64())).as_py() or 0
 
 
 def _spark_aborted_a_rerun(error: Exception) -> str | None:

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 START_AT = "__START_AT"
 END_AT = "__END_AT"
 RUN_EVENTS = "__RUN_EVENTS"
+HISTORY_COLUMNS = (START_AT, END_AT, RUN_EVENTS)
 
 
 @dataclass(frozen=True)
@@ -114,16 +115,22 @@ def build(events: pa.Table, cols: HistoryColumns) -> History:
     return History(versions, events.filter(pa.array(delete & (new_key | after_delete))))
 
 
-def run_events_type(schema: pa.Schema, cols: HistoryColumns) -> pa.DataType:
-    """The type of RUN_EVENTS for a table of `schema`: a list of (ordering, untracked values)."""
-    return pa.list_(pa.struct([schema.field(c) for c in (*cols.ordering, *cols.untracked)]))
+def history_fields(schema: pa.Schema, cols: HistoryColumns) -> list[pa.Field]:
+    """START_AT and END_AT (the ordering column's type, or a struct of the ordering columns)
+    and RUN_EVENTS (a list of the ordering and untracked values) for a table whose other
+    columns are `schema`."""
+    if len(cols.ordering) == 1:
+        sequence = schema.field(cols.ordering[0]).type
+    else:
+        sequence = pa.struct([schema.field(c) for c in cols.ordering])
+    run = pa.list_(pa.struct([schema.field(c) for c in (*cols.ordering, *cols.untracked)]))
+    return [pa.field(START_AT, sequence), pa.field(END_AT, sequence), pa.field(RUN_EVENTS, run)]
 
 
-def sequence_type(schema: pa.Schema, ordering: Sequence[str]) -> pa.DataType:
-    """The type of START_AT and END_AT: the ordering column's, or a struct of them."""
-    if len(ordering) == 1:
-        return schema.field(ordering[0]).type
-    return pa.struct([schema.field(c) for c in ordering])
+def events_schema(schema: pa.Schema, cols: HistoryColumns) -> pa.Schema:
+    """The events table's schema for a table of `schema`."""
+    return pa.schema([*(schema.field(c) for c in (*cols.key, *cols.ordering)), pa.field(cols.delete, pa.bool_()),
+                      *(schema.field(c) for c in cols.values)])
 
 
 def events_of(history: History, cols: HistoryColumns) -> pa.Table:

@@ -66,6 +66,12 @@ LATEST_LOAD_SECONDS = Gauge(
     "upsert_sink_index_latest_load_seconds", "Seconds the latest batch spent loading partitions", _LABEL
 )
 RECORDS = Counter("upsert_sink_records", "Input records by operation", [*_LABEL, "op"])
+VERSIONS = Counter(
+    "upsert_sink_history_versions",
+    "scd_type = 2: version rows of the batches' keys' rebuilt histories written, and stored ones they replaced",
+    [*_LABEL, "change"],
+)
+VERSION_CHANGES = ("written", "replaced")
 BATCH_SECONDS = Histogram(
     "upsert_sink_batch_seconds", "Batch phase durations", [*_LABEL, "phase"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
@@ -128,6 +134,8 @@ def start(sink: str, ops: Iterable[str]) -> None:
         WITHOUT_PARTITION.labels(sink, outcome)
     for op in ops:
         RECORDS.labels(sink, op)
+    for change in VERSION_CHANGES:
+        VERSIONS.labels(sink, change)
     for result, tier in LOOKUP_LABELS:
         LOOKUPS.labels(sink, result, tier)
     for reason in LOAD_REASONS:
@@ -138,6 +146,8 @@ def publish(sink: str, report) -> None:
     """Publish one batch's report (a `sink.BatchReport`) under the `sink` label."""
     for op, n in report.ops.items():
         RECORDS.labels(sink, op).inc(n)
+    VERSIONS.labels(sink, "written").inc(report.versions_written)
+    VERSIONS.labels(sink, "replaced").inc(report.versions_replaced)
     answered = (report.memory_hits, report.hits - report.memory_hits, report.misses - report.filter_misses,
                 report.filter_misses)
     for (result, tier), n in zip(LOOKUP_LABELS, answered):

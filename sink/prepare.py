@@ -10,6 +10,7 @@ from sink import columns as C
 from sink import keys
 from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
 from sink.errors import SchemaError
+from sink.history import HISTORY_COLUMNS
 from sink.ordering import helper_columns
 
 
@@ -39,10 +40,25 @@ def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
     clashing = [n for n in types if n.startswith(C.PREFIX)]
     if clashing:
         raise SchemaError(f"column(s) {clashing} use the sink's reserved prefix {C.PREFIX!r}")
+    if cfg.scd_type == 2:
+        _validate_history(cfg, types)
     for ordering, hidden in cfg.hidden_ordering.items():
         if hidden in types:
             raise SchemaError(f"the stream has a column {hidden!r}, where the table keeps the ordering column "
                               f"{ordering!r} that except_columns leaves out: rename it in the stream")
+
+
+def _validate_history(cfg: SinkConfig, types: dict[str, str]) -> None:
+    reserved = [n for n in types if n in HISTORY_COLUMNS]
+    if reserved:
+        raise SchemaError(f"the stream has column(s) {reserved}, which scd_type = 2 adds to the table: rename them "
+                          "in the stream")
+    for name, named in (("track_history_columns", cfg.track_history_columns),
+                        ("track_history_except_columns", cfg.track_history_except_columns)):
+        unstored = [c for c in named or () if c not in types or c in cfg.unstored_columns]
+        if unstored:
+            raise SchemaError(f"{name} {unstored} are not columns the table stores (stream columns not in "
+                              f"except_columns); the stream's columns are {sorted(types)}")
 
 
 def with_hidden_ordering(df: DataFrame, cfg: SinkConfig) -> DataFrame:
@@ -90,8 +106,9 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
                        "as its schema type, or a malformed line)"))
     checks += [(f"{col(c)} IS NULL", f"null key column {c}") for c in cfg.key]
     # The index knows where a key lives: a delete needs no partition (global scope: the
-    # keyspace says; partitioned scope: sink.placement looks in every partition).
-    upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.delete_when else ""
+    # keyspace says; partitioned scope: sink.placement looks in every partition). A history
+    # table (scd_type 2) places every event by its own partition.
+    upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.delete_when and cfg.scd_type != 2 else ""
     for c in cfg.partition_by:
         checks.append((f"{col(c)} IS NULL{upsert}", f"{NULL_PARTITION} {c}"))
         if isinstance(schema[c].dataType, StringType):

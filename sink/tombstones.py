@@ -43,7 +43,7 @@ def latest_per_key(rows: pa.Table, key_cols: Sequence[str], ordering: str | Sequ
     ranking = [(c, "descending") for c in columns_of(ordering)]
     if TOMBSTONE_DELETED_AT in rows.column_names:
         ranking.append((TOMBSTONE_DELETED_AT, "descending"))
-    ranked = rows.select([*key_cols, *(c for c, _ in ranking)]).append_column(
+    ranked = rows.select(list(dict.fromkeys([*key_cols, *(c for c, _ in ranking)]))).append_column(
         position, pa.array(np.arange(rows.num_rows)))
     ranked = ranked.sort_by([*ranking, (position, "ascending")])
     kept = ranked.group_by(list(key_cols), use_threads=False).aggregate([(position, "first")])
@@ -62,6 +62,8 @@ def compact(cfg: SinkConfig, now: float) -> Compaction | None:
     done = committed(table, rows)
     pending, held = rows.filter(pc.invert(done)), rows.filter(done)
     per_key = [*cfg.key] if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
+    if cfg.scd_type == 2:  # every delete is an event of the key's history
+        per_key += cfg.ordering_columns
     newest = latest_per_key(held, per_key, cfg.ordering_columns)
     kept = newest.filter(pc.invert(expired_rows(newest, cfg.tombstone_ttl_seconds, now)))
     report = Compaction(rows.num_rows, pending.num_rows + kept.num_rows, newest.num_rows - kept.num_rows,

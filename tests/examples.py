@@ -12,3 +12,21 @@ USER_CHANGES = [
     (125, "Mercedes", "Mexicali", "UPDATE", 5),
     (123, "Isabel", "Chihuahua", "UPDATE", 5),
 ]
+
+# Its STORED AS SCD TYPE 2 result: (userId, name, city, __START_AT, __END_AT).
+USER_VERSIONS = [
+    (123, "Isabel", "Monterrey", 1, 5),
+    (123, "Isabel", "Chihuahua", 5, 6),
+    (124, "Raul", "Oaxaca", 1, None),
+    (125, "Mercedes", "Tijuana", 2, 5),
+    (125, "Mercedes", "Mexicali", 5, 6),
+    (125, "Mercedes", "Guadalajara", 6, None),
+    (126, "Lily", "Cancun", 2, None),
+]
+# With TRACK HISTORY ON * EXCEPT (city).
+USER_VERSIONS_EXCEPT_CITY = [
+    (123, "Isabel", "Chihuahua", 1, 6),
+    (124, "Raul", "Oaxaca", 1, None),
+    (125, "Mercedes", "Guadalajara", 2, None),
+    (126, "Lily", "Cancun", 2, None),
+]

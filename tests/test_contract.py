@@ -7,6 +7,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from sink import ContractMismatchError, SchemaError, SinkConfig, UpsertSink
 from sink.cli import main
+from sink.lakehouse.contract import Contract
 
 pytestmark = pytest.mark.spark
 
@@ -62,3 +63,14 @@ def test_a_table_without_a_contract_gets_one_and_recording_it_costs_no_reload(sp
     report = sink.reports[-1]
     assert (report.invalidated, sum(report.partition_loads.values()), report.ops["update"]) == (0, 0, 1)
     assert rows(uri) == [("t1", "o1", 3)]
+
+
+def test_a_contract_recorded_before_history_tables_reads_as_type_1():
+    """Tables recorded before scd_type existed have no such property: they are type 1."""
+    old = {f"upsert_sink.{k}": v for k, v in (("key", '["id"]'), ("partition_by", "[]"), ("ordering", '"ts"'),
+                                              ("scope", '"partitioned"'), ("key_encoding", '"string-v1"'))}
+    recorded = Contract.from_properties(old)
+    assert (recorded.scd_type, recorded.track_history) == (1, None)
+    two = Contract(("id",), (), "ts", "partitioned", "string-v1", scd_type=2, track_history=("except", ("city",)))
+    assert Contract.from_properties(two.properties()) == two
+    assert recorded.differences(two) == ["scd_type: 1 vs 2", "track_history: None vs ('except', ('city',))"]

@@ -14,7 +14,7 @@ from deltalake.exceptions import CommitFailedError
 
 from sink import keys
 from sink.errors import ConfigError
-from sink.lakehouse import append, merge, rewrite
+from sink.lakehouse import append, merge, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import merge_only_reason
 from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
@@ -159,6 +159,22 @@ class DeltaTarget:
                                schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, schema, props)
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed, written.unchanged)
+
+    def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
+                       custom_metadata: Mapping[str, str]) -> tuple[CommitOutcome, versions.HistoryRewrite]:
+        """SCD type 2: commit the batch's keys' rebuilt histories in one transaction carrying
+        (app_id, batch_id): "rewrite" when it replaces files, else "append" (even an empty
+        one, so the app transaction is recorded). Raises CommitFailedError when another writer
+        won the race."""
+        before = self.version()
+        snapshot = rewrite.stored_files(self.table, self.partition_by)
+        done = versions.rewrite_files(self.uri, snapshot, writes)
+        mode = "rewrite" if done.rewrite.removes else "append"
+        props = _commit_properties(app_id, batch_id, custom_metadata, mode)
+        rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props)
+        self._record_batch(app_id, batch_id, writes.schema, props)
+        changed = len({tuple(sorted(f.partition_values.items())) for f in done.rewrite.removes})
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), changed), done
 
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         """Add the batch's new columns in a metadata commit right after version `before`.

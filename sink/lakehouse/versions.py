@@ -1,0 +1,166 @@
+"""SCD type 2 commit: the history of the batch's keys, rebuilt and written copy-on-write.
+
+A key the table holds (the index found it) gets its history rebuilt from the events its stored
+versions keep (`sink.history`), the deletes of it the tombstone table keeps, and the batch's
+events. Only the files of the key's partition are probed, on their key columns, and those
+holding a batch key are read and rewritten with the keys' new versions. A key new to the
+table gets its history from the batch's events alone, written to a new file. The driver
+commits the files in one commit with the app transaction, as the type 1 rewrite's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from sink import keys
+from sink.history import History, HistoryColumns, build, events_of, events_schema
+from sink.index.loader import committed_tombstones
+from sink.lakehouse.log import filesystem
+from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, partition_predicate
+from sink.lakehouse.rewrite import Rewrite, StoredFile, matching_files, row_keys, with_inserts, write_file
+from sink.lakehouse.writes import conform, partition_string
+from sink.tombstones import expired_rows
+
+# Per event of `HistoryWrites.events`: whether the index holds its key (False: new to the table).
+KNOWN_COLUMN = "__sink_known"
+
+
+@dataclass(frozen=True)
+class HistoryWrites:
+    """`events`: the batch's events (the columns of `cols`'s events table, with `cols.delete`)
+    plus KNOWN_COLUMN; `free`: the deletes the tombstone table keeps of known keys (events);
+    `schema`: the table's. `cols.key` is the partition columns, then the key columns."""
+
+    events: pa.Table
+    free: pa.Table
+    schema: pa.Schema
+    cols: HistoryColumns
+    key_cols: list[str]
+    partition_by: list[str]
+
+
+@dataclass(frozen=True)
+class HistoryRewrite:
+    rewrite: Rewrite
+    versions_written: int  # rows of the batch's keys' rebuilt histories
+    versions_replaced: int  # stored rows they replace
+
+
+def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites) -> HistoryRewrite:
+    """Read the files holding known keys (a task per partition, in threads), rebuild every
+    key's history at once, write each partition's files (in threads)."""
+    cols, schema = writes.cols, writes.schema
+    events = writes.events
+    groups = _by_partition(events, writes.partition_by)
+    fs, root = filesystem(uri)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        stored = dict(zip(groups, pool.map(lambda pid: _stored(fs, root, snapshot.get(pid, []), groups[pid], writes),
+                                           groups)))
+        before = pa.concat_tables([schema.empty_table(), *(s.before for s in stored.values())])
+        free = _of_keys(writes.free, events, cols.key) if writes.free.num_rows else writes.free
+        shape = events_schema(schema, cols)
+        history = build(pa.concat_tables([events_of(History(before, free), cols).cast(shape),
+                                          events.select(shape.names).cast(shape)]), cols)
+        after = _by_partition(conform(history.versions, schema), writes.partition_by)
+        data_schema = pa.schema([f for f in schema if f.name not in writes.partition_by])
+
+        def write(pid: str) -> HistoryRewrite:
+            old, new = stored[pid], after.get(pid, schema.empty_table())
+            if old.new_keys == 0 and _same(old.before, new, cols):
+                return HistoryRewrite(Rewrite([], []), 0, 0)  # events the history already holds
+            values = {c: partition_string(groups[pid].column(c)[0].as_py()) for c in writes.partition_by}
+            # Stored keys' versions go back to the first file read, new keys' as inserts do.
+            known = groups[pid].filter(groups[pid].column(KNOWN_COLUMN))
+            stored_key = pc.is_in(row_keys(new, writes.key_cols), value_set=row_keys(known, writes.key_cols))
+            rebuilt, fresh = new.filter(stored_key), new.filter(pc.invert(stored_key))
+            files = old.kept[:1] and [pa.concat_tables([old.kept[0], rebuilt]), *old.kept[1:]] or [rebuilt]
+            outputs = [t for t in with_inserts(files, fresh) if t.num_rows]
+            return HistoryRewrite(Rewrite([write_file(fs, root, t, values, data_schema) for t in outputs],
+                                          old.removed), new.num_rows, old.before.num_rows)
+
+        done = list(pool.map(write, groups))
+    rewrite = Rewrite([a for d in done for a in d.rewrite.adds], [f for d in done for f in d.rewrite.removes])
+    return HistoryRewrite(rewrite, sum(d.versions_written for d in done), sum(d.versions_replaced for d in done))
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """What one partition's files hold of the batch's keys."""
+
+    kept: list[pa.Table]  # rows of other keys, per file read
+    removed: list[StoredFile]  # the files read
+    before: pa.Table  # the versions of the batch's keys
+    new_keys: int  # events of keys new to the table
+
+
+def _stored(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], events: pa.Table,
+            writes: HistoryWrites) -> _Stored:
+    schema = writes.schema
+    known = events.filter(events.column(KNOWN_COLUMN))
+    kept, removed, before = [], [], [schema.empty_table()]
+    if known.num_rows:
+        values = {c: partition_string(events.column(c)[0].as_py()) for c in writes.partition_by}
+        key_schema = pa.schema([schema.field(c) for c in writes.key_cols])
+        incoming = pc.unique(row_keys(conform(known, key_schema), writes.key_cols))
+        for f, rows, at in matching_files(fs, root, files, incoming, writes.key_cols, values, schema):
+            touched = pc.is_valid(at)
+            kept.append(rows.filter(pc.invert(touched)))
+            before.append(rows.filter(touched))
+            removed.append(f)
+    return _Stored([t for t in kept if t.num_rows], removed, pa.concat_tables(before),
+                   events.num_rows - known.num_rows)
+
+
+def _by_partition(rows: pa.Table, partition_by: Sequence[str]) -> dict[str, pa.Table]:
+    """`rows` by partition id."""
+    if not rows.num_rows:
+        return {}
+    pids = keys.partition_ids(rows, partition_by)
+    order = pc.sort_indices(pids)
+    rows, pids = rows.take(order), pids.take(order)
+    starts = np.flatnonzero(np.concatenate([[True], ~pc.equal(pids[1:], pids[:-1]).to_numpy(zero_copy_only=False)]))
+    ends = np.append(starts[1:], len(pids))
+    return {pids[s].as_py(): rows.slice(s, e - s) for s, e in zip(starts, ends)}
+
+
+def _of_keys(free: pa.Table, events: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The rows of `free` whose key (`key` columns) is a key of `events`."""
+    return free.join(events.select(list(key)).group_by(list(key)).aggregate([]), keys=list(key),
+                     join_type="left semi")
+
+
+def _same(before: pa.Table, after: pa.Table, cols: HistoryColumns) -> bool:
+    """Whether two sets of versions are the same rows (a key's versions show distinct events,
+    so key and ordering order them)."""
+    if before.num_rows != after.num_rows:
+        return False
+    order = [(c, "ascending") for c in (*cols.key, *cols.ordering)]
+    return before.sort_by(order).equals(after.sort_by(order))
+
+
+def free_deletes(table: DeltaTable, tombstone_uri: str, pids: Sequence[str], cols: HistoryColumns,
+                 schema: pa.Schema, ttl_seconds: int | None, now: float) -> pa.Table:
+    """The deletes the tombstone table keeps in partitions `pids` (of batches `table` holds,
+    not expired under the TTL as of `now`), as events."""
+    shape = events_schema(schema, cols)
+    if not pids or not DeltaTable.is_deltatable(tombstone_uri):
+        return shape.empty_table()
+    tombstones = DeltaTable(tombstone_uri)
+    types = {f.name: f.type for f in pa.schema(tombstones.schema().to_arrow())}
+    where = None if len(pids) > MAX_PARTITION_LITERALS else " OR ".join(
+        f"({partition_predicate(keys.partition_values(p), types)})" for p in pids)
+    rows = committed_tombstones(table, tombstones, where, [*cols.key, *cols.ordering])
+    rows = rows.filter(pc.invert(expired_rows(rows, ttl_seconds, now)))
+    columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names
+               else pa.array(np.ones(rows.num_rows, bool)) if f.name == cols.delete
+               else pa.nulls(rows.num_rows, f.type) for f in shape]
+    return pa.table(columns, schema=shape)

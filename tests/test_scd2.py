@@ -1,0 +1,236 @@
+"""scd_type = 2 through the sink: history tables from the published examples, any batching."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+from deltalake import DeltaTable
+from prometheus_client import REGISTRY
+
+from sink import SinkConfig, UpsertSink, cli
+from sink.errors import ConfigError, ContractMismatchError, SchemaError
+from sink.history import END_AT, RUN_EVENTS, START_AT
+from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY
+from tests.oracle import verify_replicas
+from tests.test_history import oracle
+
+pytestmark = pytest.mark.spark
+
+USERS = "userId INT, name STRING, city STRING, operation STRING, sequenceNum INT"
+
+
+def users_config(tmp_path, index="index", **extra):
+    options = {"scd_type": 2, "index_dir": str(tmp_path / index), **extra}
+    return SinkConfig(table_uri=str(tmp_path / "users"), key=["userId"], ordering="sequenceNum",
+                      delete_when="operation = 'DELETE'", except_columns=["operation", "sequenceNum"],
+                      writer_id="users", num_shards=2, metrics_port=0, **options)
+
+
+def history(uri, *columns):
+    table = DeltaTable(uri).to_pyarrow_table()
+    return sorted(tuple(r[c] for c in columns) for r in table.to_pylist())
+
+
+def run_users(spark, tmp_path, split, restart, **extra):
+    sink = UpsertSink(users_config(tmp_path, **extra))
+    start = 0
+    for b, size in enumerate(split):
+        if restart:  # a new sink on a new index: the table and the tombstones are all it has
+            sink = UpsertSink(users_config(tmp_path, index=f"index-{b}", **extra))
+        sink(spark.createDataFrame(USER_CHANGES[start:start + size], USERS), b)
+        start += size
+    return sink
+
+
+SPLITS = {"one-batch": ([8], False), "two-batches": ([4, 4], False), "one-per-batch-restarting": ([1] * 8, True),
+          "late-after-restart": ([6, 2], True)}
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_the_published_scd2_users_example(spark, tmp_path, split):
+    """STORED AS SCD TYPE 2 with COLUMNS * EXCEPT (operation, sequenceNum): the docs' 7 rows."""
+    run_users(spark, tmp_path, *SPLITS[split])
+    uri = str(tmp_path / "users")
+    assert history(uri, "userId", "name", "city", START_AT, END_AT) == sorted(USER_VERSIONS, key=repr)
+    assert DeltaTable(uri).schema().to_arrow().names == [
+        "userId", "name", "city", "__ordering_sequenceNum", START_AT, END_AT, RUN_EVENTS]
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_the_published_example_tracking_history_except_city(spark, tmp_path, split):
+    """TRACK HISTORY ON * EXCEPT (city): the docs' 4 rows."""
+    run_users(spark, tmp_path, *SPLITS[split], track_history_except_columns=["city"])
+    assert history(str(tmp_path / "users"), "userId", "name", "city", START_AT, END_AT) == sorted(
+        USER_VERSIONS_EXCEPT_CITY)
+
+
+def test_a_replayed_batch_and_redelivered_events_change_nothing(spark, tmp_path):
+    sink = UpsertSink(users_config(tmp_path))
+    df = spark.createDataFrame(USER_CHANGES, USERS)
+    sink(df, 0)
+    version = DeltaTable(str(tmp_path / "users")).version()
+    sink(df, 0)  # the replay after a crash before the checkpoint: skipped
+    assert sink.reports[-1].mode == "skipped"
+    sink(df, 1)  # the same events again, in a new batch: the history already holds them
+    report = sink.reports[-1]
+    assert (report.mode, report.versions_written, report.versions_replaced) == ("append", 0, 0)
+    table = DeltaTable(str(tmp_path / "users"))
+    assert table.version() == version + 1  # only the batch's record
+    assert history(str(tmp_path / "users"), "userId", "name", "city", START_AT, END_AT) == sorted(USER_VERSIONS)
+    assert (report.ops["insert"], report.ops["update"], report.ops["delete"]) == (0, 7, 1)
+
+
+def test_a_delete_of_an_unknown_key_is_remembered_for_a_later_older_upsert(spark, tmp_path):
+    """The delete writes no row; the tombstone table keeps it, and an older upsert arriving
+    after a restart ends at it."""
+    UpsertSink(users_config(tmp_path))(spark.createDataFrame([(7, None, None, "DELETE", 20)], USERS), 0)
+    assert DeltaTable(str(tmp_path / "users")).to_pyarrow_table().num_rows == 0
+    sink = UpsertSink(users_config(tmp_path, index="index-2"))
+    sink(spark.createDataFrame([(7, "Ana", "Lima", "INSERT", 10)], USERS), 1)
+    assert history(str(tmp_path / "users"), "userId", "name", START_AT, END_AT) == [(7, "Ana", 10, 20)]
+
+
+EVENTS = "id STRING, dt STRING, seq LONG, op STRING, name STRING, score INT"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_path, seed):
+    """Partitioned by dt (a key's history is per partition), some batches after a restart;
+    the current rows equal what scd_type = 1 gives from the same batches."""
+    rnd = random.Random(seed)
+    events = [{"id": str(rnd.randint(1, 4)), "dt": rnd.choice(["2026-01-01", "2026-01-02"]),
+               "seq": rnd.randint(1, 15), "is_delete": rnd.random() < 0.2, "name": rnd.choice(["a", "b"]),
+               "score": rnd.choice([1, 2])} for _ in range(40)]
+    for e in events:  # one event per key, partition and sequence: type 1 breaks ties by arrival
+        e["seq"] = e["seq"] * 100 + events.index(e)
+    common = dict(key=["id"], partition_by=["dt"], ordering="seq", delete_when="op = 'd'", except_columns=["op"],
+                  writer_id="w", num_shards=2, metrics_port=0)
+    scd2 = dict(table_uri=str(tmp_path / "t2"), scd_type=2, track_history_columns=["name"], **common)
+    scd1 = SinkConfig(table_uri=str(tmp_path / "t1"), index_dir=str(tmp_path / "i1"), **common)
+    sinks = [UpsertSink(SinkConfig(index_dir=str(tmp_path / "i2"), **scd2)), UpsertSink(scd1)]
+    cuts = sorted({*rnd.sample(range(1, 40), 3), 40})
+    for b, (lo, hi) in enumerate(zip([0, *cuts], cuts)):
+        if b == 2:
+            sinks[0] = UpsertSink(SinkConfig(index_dir=str(tmp_path / "i2-restarted"), **scd2))
+        rows = [(e["id"], e["dt"], e["seq"], "d" if e["is_delete"] else "u", e["name"], e["score"])
+                for e in events[lo:hi]]
+        for sink in sinks:
+            sink(spark.createDataFrame(rows, EVENTS), b)
+    expected = []
+    for dt in ("2026-01-01", "2026-01-02"):
+        of_dt = [{**e, "id": e["id"], "name": None if e["is_delete"] else e["name"],
+                  "score": None if e["is_delete"] else e["score"]} for e in events if e["dt"] == dt]
+        expected += [(dt, *row) for row in oracle(of_dt, ["name"])]
+    got = history(str(tmp_path / "t2"), "dt", "id", "name", "score", "seq", START_AT, END_AT)
+    assert got == sorted(expected)
+    current = sorted((dt, i, n, s) for dt, i, n, s, _, _, end in got if end is None)
+    assert current == history(str(tmp_path / "t1"), "dt", "id", "name", "score")
+
+
+def test_changing_the_type_or_the_tracked_columns_of_a_table_is_refused(spark, tmp_path):
+    df = spark.createDataFrame(USER_CHANGES[:2], USERS)
+    UpsertSink(users_config(tmp_path))(df, 0)
+    for changed in ({"scd_type": 1}, {"track_history_columns": ["name"]}):
+        cfg = SinkConfig(**{**users_config(tmp_path).__dict__, **changed})
+        with pytest.raises(ContractMismatchError, match="scd_type|track_history"):
+            UpsertSink(cfg)(df, 1)
+    type_1 = SinkConfig(**{**users_config(tmp_path).__dict__, "scd_type": 1, "table_uri": str(tmp_path / "t1")})
+    UpsertSink(type_1)(df, 0)
+    with pytest.raises(ContractMismatchError, match=r"not a history table \(it lacks \['__START_AT'"):
+        UpsertSink(SinkConfig(**{**type_1.__dict__, "scd_type": 2}))(df, 1)
+
+
+def test_a_stream_column_named_like_a_history_column_is_refused(spark, tmp_path):
+    df = spark.createDataFrame([(1, "a", "INSERT", 1, 5)], "userId INT, name STRING, operation STRING, "
+                                                             "sequenceNum INT, __END_AT INT")
+    with pytest.raises(SchemaError, match="__END_AT"):
+        UpsertSink(users_config(tmp_path))(df, 0)
+
+
+def test_tracked_columns_must_be_stored_columns(spark, tmp_path):
+    df = spark.createDataFrame(USER_CHANGES[:1], USERS)
+    with pytest.raises(SchemaError, match=r"track_history_columns \['operation'\]"):
+        UpsertSink(users_config(tmp_path, track_history_columns=["operation"]))(df, 0)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"scd_type": 3}, r"scd_type = 3 is not accepted; accepted values: \[1, 2\]"),
+    ({"track_history_columns": ["name"], "track_history_except_columns": ["city"]}, "not both"),
+    ({"track_history_columns": ["userId"]}, "key, partition or ordering"),
+    ({"scope": "global"}, "scope = 'global'"),
+    ({"ignore_null_updates": True}, "ignore_null_updates"),
+    ({"tag_on": "executors"}, "tag_on = 'executors'"),
+    ({"commit_mode": "merge"}, "commit_mode = 'merge'"),
+])
+def test_history_config_errors_name_the_key(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        users_config(tmp_path, **extra)
+
+
+def test_tracking_lists_apply_to_type_2_only(tmp_path):
+    with pytest.raises(ConfigError, match="applies to scd_type = 2 only"):
+        SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="seq", writer_id="w",
+                   track_history_columns=["name"])
+
+
+def test_the_run_events_keep_the_untracked_values_a_late_event_needs(spark, tmp_path):
+    """'alice' scored 39, then 41 (untracked); a late 'bob' at 40 splits the version and
+    restores 39 before it."""
+    cfg = SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="seq", track_history_columns=["name"],
+                     scd_type=2, writer_id="w-runs", num_shards=2, metrics_port=0, index_dir=str(tmp_path / "i"))
+    sink = UpsertSink(cfg)
+    schema = "id INT, seq LONG, name STRING, score INT"
+    sink(spark.createDataFrame([(1, 39, "alice", 39), (1, 41, "alice", 41)], schema), 0)
+    table = DeltaTable(cfg.table_uri).to_pyarrow_table()
+    assert table.column(RUN_EVENTS).to_pylist() == [[{"seq": 39, "score": 39}]]
+    sink(spark.createDataFrame([(1, 40, "bob", 40)], schema), 1)
+    assert history(cfg.table_uri, "name", "score", START_AT, END_AT) == [
+        ("alice", 39, 39, 40), ("alice", 41, 41, None), ("bob", 40, 40, 41)]
+    assert (sink.reports[-1].mode, sink.reports[-1].versions_written, sink.reports[-1].versions_replaced) == (
+        "rewrite", 3, 1)
+    versions = {c: REGISTRY.get_sample_value("upsert_sink_history_versions_total", {"sink": "w-runs", "change": c})
+                for c in ("written", "replaced")}
+    assert versions == {"written": 1 + 3, "replaced": 1}
+
+
+def test_verify_contract_and_tombstone_compaction_know_history_tables(spark, tmp_path, capsys):
+    """verify: a deleted key keeps its versions, and the index holds it; contract: a rewrite
+    cannot turn a history table into a type 1 one; compact-tombstones keeps every delete."""
+    sink = run_users(spark, tmp_path, [4, 4], restart=False)
+    verify_replicas(sink.config)
+    UpsertSink(users_config(tmp_path))(spark.createDataFrame([(9, None, None, "DELETE", 3),
+                                                              (9, None, None, "DELETE", 4)], USERS), 2)
+    conf = tmp_path / "sink.toml"
+    conf.write_text(f'[sink]\ntable_uri = "{tmp_path / "users"}"\nkey = ["userId"]\nordering = "sequenceNum"\n'
+                    'except_columns = ["operation", "sequenceNum"]\nwriter_id = "users"\n'
+                    f'index_dir = "{tmp_path / "index"}"\nscd_type = 1\n')
+    assert cli.main(["contract", "--config", str(conf), "--rewrite"]) == 1
+    assert "a rewrite cannot change scd_type" in capsys.readouterr().out
+    conf.write_text(conf.read_text().replace("scd_type = 1", "scd_type = 2"))
+    assert cli.main(["compact-tombstones", "--config", str(conf)]) == 0
+    tombstones = DeltaTable(str(tmp_path / "users_tombstones")).to_pyarrow_table().to_pylist()
+    assert sorted((t["userId"], t["__ordering_sequenceNum"]) for t in tombstones) == [(9, 3), (9, 4), (123, 6)]
+
+
+def test_history_tables_are_not_tagged_on_executors_yet(tmp_path):
+    """tag_on = 'auto' under a cluster master would tag on the executors: refused at the first batch."""
+    sink = UpsertSink(users_config(tmp_path))
+    batch = SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=SimpleNamespace(master="spark://host:7077")))
+    with pytest.raises(ConfigError, match="scd_type = 2 tags on the driver only for now; tag_on = 'auto'"):
+        sink._resolve_tag_on(batch)
+
+
+def test_a_delete_without_its_partition_goes_to_quarantine(spark, tmp_path):
+    """A key's history lives in its partition: a key-only delete cannot be placed (type 1
+    locates it through the index)."""
+    cfg = SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], partition_by=["dt"], ordering="seq",
+                     delete_when="op = 'd'", except_columns=["op"], scd_type=2, writer_id="w-placed", num_shards=2,
+                     metrics_port=0, index_dir=str(tmp_path / "i"))
+    sink = UpsertSink(cfg)
+    schema = "id INT, dt STRING, seq LONG, op STRING, v STRING"
+    sink(spark.createDataFrame([(1, "2026-01-01", 1, "u", "a")], schema), 0)
+    sink(spark.createDataFrame([(1, None, 2, "d", None)], schema), 1)
+    assert sink.reports[-1].ops["quarantined"] == 1
+    quarantined = DeltaTable(cfg.resolved_quarantine_uri).to_pyarrow_table().to_pylist()
+    assert [q["_quarantine_reason"] for q in quarantined] == ["null partition column dt"]
+    assert history(cfg.table_uri, "id", "v", START_AT, END_AT) == [(1, "a", 1, None)]
