@@ -100,6 +100,17 @@ def markdown(result: dict) -> str:
                          f"{sink['index_memory_bytes_per_key']} B | {_key_filter(sink)} | "
                          f"{sink['loads_after_bootstrap']} | "
                          f"{sink['table_equal_to_oracle'] and c['baseline']['table_equal_to_oracle']} |")
+    if result.get("history"):
+        lines += ["", "| SCD type 2 (events) | table rows | type 1 | type 2 | type 2 / type 1 | type 2 commit "
+                  "| versions written / replaced per batch | current rows equal to type 1 |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for c in result["history"]:
+            one, two = c["type-1"], c["type-2"]
+            lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {one['median_after_first']:.2f} s | "
+                         f"{two['median_after_first']:.2f} s | {c['ratio_type_2_over_type_1']:.2f}x | "
+                         f"{two['phases'].get('commit', 0.0):.2f} s | "
+                         f"{statistics.median(two['versions_written'][1:]):,.0f} / "
+                         f"{statistics.median(two['versions_replaced'][1:]):,.0f} | {c['current_rows_equal']} |")
     lines += ["", "| table rows | append | rewrite (sink) | MERGE, pruned (sink's fallback) | MERGE, unpruned |",
               "|---:|---:|---:|---:|---:|"]
     for c in result["commit"]:

@@ -19,19 +19,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import commit_bench, e2e, global_bench, tagging_bench
+from bench import commit_bench, e2e, global_bench, history_bench, tagging_bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 QUICK = {"sizes": [1_000_000], "workloads": ["events", "insert-only"], "batches": 3, "batch_rows": 100_000,
          "tag_index_keys": 200_000, "index_partitions": 2, "index_keys_per_partition": 200_000,
          "commit_sizes": [1_000_000], "commit_repeats": 1, "global_sizes": [200_000],
-         "memory_sizes": [100_000, 1_000_000]}
+         "memory_sizes": [100_000, 1_000_000], "history_sizes": [1_000_000]}
 FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000],
         "workloads": ["events", "insert-only", "update-heavy", "recent-updates"],
         "batches": 4, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,
         "index_keys_per_partition": 1_000_000, "commit_sizes": [1_000_000, 5_000_000, 10_000_000],
-        "commit_repeats": 2, "global_sizes": [1_000_000, 10_000_000], "memory_sizes": [100_000, 1_000_000]}
+        "commit_repeats": 2, "global_sizes": [1_000_000, 10_000_000], "memory_sizes": [100_000, 1_000_000],
+        "history_sizes": [1_000_000, 10_000_000]}
 
 
 TINY_BATCH_ROWS = [1, 100, 1000]
@@ -145,6 +146,9 @@ def main() -> None:
         print("== global scope (365 partitions, against a MERGE on the key alone)", flush=True)
         result["global"] = global_bench.run(spark, work, params["global_sizes"], params["batches"],
                                             params["batch_rows"])
+        print("== SCD type 2 against type 1 (events)", flush=True)
+        result["history"] = history_bench.run(spark, work, params["history_sizes"], params["batches"],
+                                              params["batch_rows"], num_shards=2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     spark.stop()
