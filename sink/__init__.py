@@ -9,6 +9,7 @@ from sink.errors import (
     ReplicaLockedError,
     SchemaError,
     SinkError,
+    UnsupportedTableError,
     WriterIdReusedError,
 )
 from sink.foreach_batch import BatchReport, UpsertSink
@@ -23,6 +24,7 @@ __all__ = [
     "SchemaError",
     "SinkConfig",
     "SinkError",
+    "UnsupportedTableError",
     "UpsertSink",
     "WriterIdReusedError",
 ]

@@ -225,7 +225,6 @@ class SinkConfig:
             return
         unsupported = [(self.scope == "global", "scope = 'global'", "scope = 'partitioned'"),
                        (self.ignore_null_updates, "ignore_null_updates = true", "ignore_null_updates = false"),
-                       (self.tag_on == "executors", "tag_on = 'executors'", "tag_on = 'driver' or 'auto'"),
                        (self.commit_mode == "merge", "commit_mode = 'merge'", "commit_mode = 'auto'")]
         for refused, setting, accepted in unsupported:
             if refused:

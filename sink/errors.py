@@ -37,3 +37,8 @@ class CommitCheckError(SinkError):
     """A copy-on-write commit failed a check before committing (a file missing, a removed file
     not in the version the batch read, incomplete partition values, another schema): nothing
     was committed."""
+
+
+class UnsupportedTableError(SinkError):
+    """The table uses a feature the batch's commit path cannot honour and has no fallback for
+    (a history table with a change data feed, say): nothing was written."""

@@ -25,7 +25,6 @@ from sink.arrival import batch_files, file_order
 from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
 from sink.errors import (
     CommitConflictError,
-    ConfigError,
     ContractMismatchError,
     PartitionLoadError,
     SchemaError,
@@ -333,11 +332,7 @@ class UpsertSink:
     def _resolve_tag_on(self, batch_df: DataFrame) -> None:
         if self._on_driver is not None:
             return
-        master = batch_df.sparkSession.sparkContext.master
-        self._on_driver = self.config.tags_on_driver(master)
-        if self.config.scd_type == 2 and not self._on_driver:
-            raise ConfigError(f"scd_type = 2 tags on the driver only for now; tag_on = {self.config.tag_on!r} "
-                              f"under master {master!r} tags on the executors: set tag_on = 'driver'")
+        self._on_driver = self.config.tags_on_driver(batch_df.sparkSession.sparkContext.master)
         # Other executors may tag a shard's next batch: they catch up from the changelog.
         self._changelog_uri = None if self._on_driver else self.config.resolved_changelog_uri
         log.info("tagging on the %s (tag_on = %r)", "driver" if self._on_driver else "executors", self.config.tag_on)
@@ -473,8 +468,8 @@ class UpsertSink:
             tombstone_ttl_seconds=cfg.tombstone_ttl_seconds,
             deletes=cfg.delete_when is not None,
             # Executors write the batch's files where the table allows (else the driver commits
-            # from the records: a MERGE).
-            write_files=not self._on_driver and self._target.update_mode() == "rewrite",
+            # from the records: a MERGE, or a history table's rebuild).
+            write_files=not self._on_driver and cfg.scd_type == 1 and self._target.update_mode() == "rewrite",
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:

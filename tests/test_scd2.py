@@ -1,18 +1,17 @@
 """scd_type = 2 through the sink: history tables from the published examples, any batching."""
 
 import random
-from types import SimpleNamespace
 
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import REGISTRY
 
-from sink import SinkConfig, UpsertSink, cli
+from sink import SinkConfig, UnsupportedTableError, UpsertSink, cli
 from sink.errors import ConfigError, ContractMismatchError, SchemaError
 from sink.history import END_AT, RUN_EVENTS, START_AT
 from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY
 from tests.oracle import verify_replicas
-from tests.test_history import oracle
+from tests.test_history import HANDLER_CASES, oracle
 
 pytestmark = pytest.mark.spark
 
@@ -46,10 +45,12 @@ SPLITS = {"one-batch": ([8], False), "two-batches": ([4, 4], False), "one-per-ba
           "late-after-restart": ([6, 2], True)}
 
 
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
 @pytest.mark.parametrize("split", SPLITS)
-def test_the_published_scd2_users_example(spark, tmp_path, split):
-    """STORED AS SCD TYPE 2 with COLUMNS * EXCEPT (operation, sequenceNum): the docs' 7 rows."""
-    run_users(spark, tmp_path, *SPLITS[split])
+def test_the_published_scd2_users_example(spark, tmp_path, split, tag_on):
+    """STORED AS SCD TYPE 2 with COLUMNS * EXCEPT (operation, sequenceNum): the docs' 7 rows,
+    tagged in the driver or in Spark tasks (whose records the driver then rebuilds from)."""
+    run_users(spark, tmp_path, *SPLITS[split], tag_on=tag_on)
     uri = str(tmp_path / "users")
     assert history(uri, "userId", "name", "city", START_AT, END_AT) == sorted(USER_VERSIONS, key=repr)
     assert DeltaTable(uri).schema().to_arrow().names == [
@@ -95,8 +96,9 @@ EVENTS = "id STRING, dt STRING, seq LONG, op STRING, name STRING, score INT"
 
 @pytest.mark.parametrize("seed", range(4))
 def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_path, seed):
-    """Partitioned by dt (a key's history is per partition), some batches after a restart;
-    the current rows equal what scd_type = 1 gives from the same batches."""
+    """Partitioned by dt (a key's history is per partition), some batches after a restart,
+    tagged in the driver or in Spark tasks; the current rows equal what scd_type = 1 gives
+    from the same batches."""
     rnd = random.Random(seed)
     events = [{"id": str(rnd.randint(1, 4)), "dt": rnd.choice(["2026-01-01", "2026-01-02"]),
                "seq": rnd.randint(1, 15), "is_delete": rnd.random() < 0.2, "name": rnd.choice(["a", "b"]),
@@ -105,7 +107,8 @@ def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_pat
         e["seq"] = e["seq"] * 100 + events.index(e)
     common = dict(key=["id"], partition_by=["dt"], ordering="seq", delete_when="op = 'd'", except_columns=["op"],
                   writer_id="w", num_shards=2, metrics_port=0)
-    scd2 = dict(table_uri=str(tmp_path / "t2"), scd_type=2, track_history_columns=["name"], **common)
+    scd2 = dict(table_uri=str(tmp_path / "t2"), scd_type=2, track_history_columns=["name"],
+                tag_on="executors" if seed % 2 else "driver", **common)
     scd1 = SinkConfig(table_uri=str(tmp_path / "t1"), index_dir=str(tmp_path / "i1"), **common)
     sinks = [UpsertSink(SinkConfig(index_dir=str(tmp_path / "i2"), **scd2)), UpsertSink(scd1)]
     cuts = sorted({*rnd.sample(range(1, 40), 3), 40})
@@ -159,7 +162,6 @@ def test_tracked_columns_must_be_stored_columns(spark, tmp_path):
     ({"track_history_columns": ["userId"]}, "key, partition or ordering"),
     ({"scope": "global"}, "scope = 'global'"),
     ({"ignore_null_updates": True}, "ignore_null_updates"),
-    ({"tag_on": "executors"}, "tag_on = 'executors'"),
     ({"commit_mode": "merge"}, "commit_mode = 'merge'"),
 ])
 def test_history_config_errors_name_the_key(tmp_path, extra, message):
@@ -212,14 +214,6 @@ def test_verify_contract_and_tombstone_compaction_know_history_tables(spark, tmp
     assert sorted((t["userId"], t["__ordering_sequenceNum"]) for t in tombstones) == [(9, 3), (9, 4), (123, 6)]
 
 
-def test_history_tables_are_not_tagged_on_executors_yet(tmp_path):
-    """tag_on = 'auto' under a cluster master would tag on the executors: refused at the first batch."""
-    sink = UpsertSink(users_config(tmp_path))
-    batch = SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=SimpleNamespace(master="spark://host:7077")))
-    with pytest.raises(ConfigError, match="scd_type = 2 tags on the driver only for now; tag_on = 'auto'"):
-        sink._resolve_tag_on(batch)
-
-
 def test_a_delete_without_its_partition_goes_to_quarantine(spark, tmp_path):
     """A key's history lives in its partition: a key-only delete cannot be placed (type 1
     locates it through the index)."""
@@ -234,3 +228,43 @@ def test_a_delete_without_its_partition_goes_to_quarantine(spark, tmp_path):
     quarantined = DeltaTable(cfg.resolved_quarantine_uri).to_pyarrow_table().to_pylist()
     assert [q["_quarantine_reason"] for q in quarantined] == ["null partition column dt"]
     assert history(cfg.table_uri, "id", "v", START_AT, END_AT) == [(1, "a", 1, None)]
+
+
+def test_a_remembered_delete_expires_with_the_tombstone_ttl_whatever_the_index_holds(spark, tmp_path):
+    """Past tombstone_ttl_hours a delete that closed nothing is forgotten, as DLT's tombstone
+    GC does: an older upsert arriving later opens a current version, through the index that
+    saw the delete (its entry has expired) and through a new one (no entry)."""
+    now = [1_000_000.0]
+    sink = UpsertSink(users_config(tmp_path, tombstone_ttl_hours=1), clock=lambda: now[0])
+    sink(spark.createDataFrame([(7, None, None, "DELETE", 20), (8, None, None, "DELETE", 20)], USERS), 0)
+    now[0] += 2 * 3600
+    sink(spark.createDataFrame([(8, "Bo", "Lima", "INSERT", 10)], USERS), 1)
+    fresh = UpsertSink(users_config(tmp_path, index="index-2", tombstone_ttl_hours=1), clock=lambda: now[0])
+    fresh(spark.createDataFrame([(7, "Ana", "Lima", "INSERT", 10)], USERS), 2)
+    assert history(str(tmp_path / "users"), "userId", "name", START_AT, END_AT) == [
+        (7, "Ana", 10, None), (8, "Bo", 10, None)]
+
+
+def test_a_history_table_with_a_feature_only_merge_honours_is_refused_before_writing(spark, tmp_path):
+    sink = UpsertSink(users_config(tmp_path))
+    sink(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
+    table = DeltaTable(str(tmp_path / "users"))
+    table.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    version = DeltaTable(str(tmp_path / "users")).version()
+    with pytest.raises(UnsupportedTableError, match="change data feed .* no MERGE fallback yet"):
+        sink(spark.createDataFrame(USER_CHANGES[4:], USERS), 1)
+    assert DeltaTable(str(tmp_path / "users")).version() == version
+
+
+@pytest.mark.parametrize("case", HANDLER_CASES)
+def test_the_declarative_pipelines_handler_cases_through_the_sink_with_a_restart(spark, tmp_path, case):
+    """The stored events in one batch, then the case's batch on a new sink and index."""
+    stored, batch, expected = HANDLER_CASES[case]
+    options = dict(table_uri=str(tmp_path / "t"), key=["id"], ordering="seq", delete_when="is_delete",
+                   scd_type=2, except_columns=["is_delete"], writer_id="w-cases", num_shards=2, metrics_port=0)
+    for b, events in enumerate((stored, batch)):
+        if events:
+            rows = [(e["id"], e["seq"], e["is_delete"], e["value"]) for e in events]
+            sink = UpsertSink(SinkConfig(index_dir=str(tmp_path / f"index-{b}"), **options))
+            sink(spark.createDataFrame(rows, "id INT, seq LONG, is_delete BOOLEAN, value STRING"), b)
+    assert history(str(tmp_path / "t"), "value", START_AT, END_AT, "seq") == sorted(expected)

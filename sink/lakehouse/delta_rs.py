@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_d
 from deltalake.exceptions import CommitFailedError
 
 from sink import keys
-from sink.errors import ConfigError
+from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, merge, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import merge_only_reason
@@ -165,7 +165,11 @@ class DeltaTarget:
         """SCD type 2: commit the batch's keys' rebuilt histories in one transaction carrying
         (app_id, batch_id): "rewrite" when it replaces files, else "append" (even an empty
         one, so the app transaction is recorded). Raises CommitFailedError when another writer
-        won the race."""
+        won the race; UnsupportedTableError when the table has a feature only a MERGE honours."""
+        reason = merge_only_reason(self.table)
+        if reason is not None:
+            raise UnsupportedTableError(f"{self.uri} uses {reason}: a history table (scd_type = 2) commits by "
+                                        "rewriting files and has no MERGE fallback yet; nothing was written")
         before = self.version()
         snapshot = rewrite.stored_files(self.table, self.partition_by)
         done = versions.rewrite_files(self.uri, snapshot, writes)
