@@ -261,10 +261,12 @@ class UpsertSink:
         stream, table = (pa.schema([f for f in s if f.name not in HISTORY_COLUMNS])
                          for s in (self._stored_schema(df, table.names), table))
         added = added_columns(stream, table, roles, cfg.schema_evolution)
-        if added and cfg.scd_type == 2:
-            raise SchemaError(f"the stream has column(s) {[f.name for f in added]} that {cfg.table_uri} lacks: "
-                              "scd_type = 2 does not add columns to a history table yet; add them to the table "
-                              "first, or leave them out with except_columns")
+        untracked = [f.name for f in added if cfg.scd_type == 2 and f.name not in cfg.tracked_columns([f.name])]
+        if untracked:
+            raise SchemaError(f"the stream has column(s) {untracked} that {cfg.table_uri} lacks, and "
+                              "track_history_columns leaves them untracked: a history table keeps untracked values "
+                              "in __RUN_EVENTS, whose type a new column would change; leave them out with "
+                              "except_columns, or add them to the table first")
         return added
 
     def _stored_schema(self, df: DataFrame, table_columns: list[str] = ()) -> pa.Schema:
@@ -400,7 +402,7 @@ class UpsertSink:
             try:
                 with report.timed("commit"):
                     if cfg.scd_type == 2:
-                        self._commit_history(batch.records, ctx, batch.shards, report)
+                        self._commit_history(batch.records, ctx, batch.shards, added, report)
                     elif batch.written is None:
                         self._commit(batch.records, ctx, batch.shards, added, report)
                     else:
@@ -638,11 +640,15 @@ class UpsertSink:
         )
         report.record(outcome)
 
-    def _commit_history(self, records: pa.Table, ctx: TaskContext, shards: list[int], report: BatchReport) -> None:
+    def _commit_history(self, records: pa.Table, ctx: TaskContext, shards: list[int], added: list[pa.Field],
+                        report: BatchReport) -> None:
         """scd_type = 2: every valid record is an event of its key's history; keys the index
-        holds are rebuilt with what the table keeps of them, new keys from the batch alone."""
+        holds are rebuilt with what the table keeps of them (a column added since reads as
+        nulls), new keys from the batch alone."""
         cfg = self.config
-        schema = self._target.arrow_schema()
+        present = self._target.arrow_schema()
+        added = [f for f in added if f.name not in present.names]  # a retry may have added them
+        schema = pa.schema([*present, *added])
         cols = self._history_columns(schema)
         valid = records.filter(pc.is_null(records.column(C.REASON)))
         pids = keys.partition_ids(valid, cfg.partition_by)
@@ -657,7 +663,7 @@ class UpsertSink:
                             pc.unique(pids.filter(known)).to_pylist(), cols, schema, cfg.tombstone_ttl_seconds, ctx.now)
         outcome, done = self._target.commit_history(
             HistoryWrites(events, free, schema, cols, list(cfg.key), list(cfg.partition_by)),
-            self.writer_id, ctx.batch_id, self._commit_metadata(ctx, shards))
+            self.writer_id, ctx.batch_id, self._commit_metadata(ctx, shards), added)
         report.record(outcome)
         report.versions_written, report.versions_replaced = done.versions_written, done.versions_replaced
 

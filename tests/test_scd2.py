@@ -9,6 +9,8 @@ from prometheus_client import REGISTRY
 from sink import SinkConfig, UnsupportedTableError, UpsertSink, cli
 from sink.errors import ConfigError, ContractMismatchError, SchemaError
 from sink.history import END_AT, RUN_EVENTS, START_AT
+from sink.lakehouse import versions
+from sink.lakehouse.rewrite import matching_files
 from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY
 from tests.oracle import verify_replicas
 from tests.test_history import HANDLER_CASES, oracle
@@ -26,8 +28,10 @@ def users_config(tmp_path, index="index", **extra):
 
 
 def history(uri, *columns):
+    """The table's rows as tuples of `columns`, sorted (nulls first)."""
     table = DeltaTable(uri).to_pyarrow_table()
-    return sorted(tuple(r[c] for c in columns) for r in table.to_pylist())
+    return sorted((tuple(r[c] for c in columns) for r in table.to_pylist()),
+                  key=lambda row: [(v is not None, v) for v in row])
 
 
 def run_users(spark, tmp_path, split, restart, **extra):
@@ -268,3 +272,50 @@ def test_the_declarative_pipelines_handler_cases_through_the_sink_with_a_restart
             sink = UpsertSink(SinkConfig(index_dir=str(tmp_path / f"index-{b}"), **options))
             sink(spark.createDataFrame(rows, "id INT, seq LONG, is_delete BOOLEAN, value STRING"), b)
     assert history(str(tmp_path / "t"), "value", START_AT, END_AT, "seq") == sorted(expected)
+
+
+def test_a_new_stream_column_joins_the_history_table_as_a_tracked_column(spark, tmp_path):
+    """schema_evolution = 'add_columns': stored versions read null in it, so its first value
+    opens a version; with track_history_columns it would be untracked, which is refused."""
+    sink = UpsertSink(users_config(tmp_path))
+    sink(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
+    wider = USERS + ", country STRING"
+    sink(spark.createDataFrame([(124, "Raul", "Oaxaca", "UPDATE", 3, "MX"), (126, "Lily", "Cancun", "UPDATE", 1, None)],
+                               wider), 1)
+    uri = str(tmp_path / "users")
+    assert DeltaTable(uri).schema().to_arrow().names[-1] == "country"
+    assert history(uri, "userId", "country", START_AT, END_AT) == [
+        (123, None, 1, None), (124, None, 1, 3), (124, "MX", 3, None), (125, None, 2, None), (126, None, 1, None)]
+    strict = UpsertSink(users_config(tmp_path / "strict", track_history_columns=["name", "city"]))
+    strict(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
+    with pytest.raises(SchemaError, match=r"column\(s\) \['country'\] .* leaves them untracked"):
+        strict(spark.createDataFrame([(124, "Raul", "Oaxaca", "UPDATE", 3, "MX")], wider), 1)
+
+
+def test_a_late_event_reads_only_the_files_of_its_partition(spark, tmp_path, monkeypatch):
+    """The index locates the key: the rebuild probes the files of the record's partition only."""
+    cfg = SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], partition_by=["dt"], ordering="seq",
+                     scd_type=2, writer_id="w-located", num_shards=2, metrics_port=0, index_dir=str(tmp_path / "i"))
+    sink = UpsertSink(cfg)
+    schema = "id INT, dt STRING, seq LONG, v STRING"
+    sink(spark.createDataFrame([(i, f"2026-01-0{d}", 10, "a") for i in range(20) for d in (1, 2, 3)], schema), 0)
+    probed = []
+
+    def recording(fs, root, files, *rest):
+        probed.extend(f.partition_values["dt"] for f in files)
+        return matching_files(fs, root, files, *rest)
+
+    monkeypatch.setattr(versions, "matching_files", recording)
+    sink(spark.createDataFrame([(7, "2026-01-02", 5, "b")], schema), 1)
+    assert set(probed) == {"2026-01-02"}
+    assert [r for r in history(cfg.table_uri, "id", "dt", "v", START_AT, END_AT) if r[:2] == (7, "2026-01-02")] == [
+        (7, "2026-01-02", "a", 10, None), (7, "2026-01-02", "b", 5, 10)]
+
+
+def test_the_history_keys_read_from_toml(tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text('[sink]\ntable_uri = "t"\nkey = "id"\nordering = "seq"\nwriter_id = "w"\nscd_type = 2\n'
+                    'track_history_except_columns = "city"\n')
+    cfg = SinkConfig.from_file(conf)
+    assert (cfg.scd_type, cfg.track_history_except_columns) == (2, ["city"])
+    assert cfg.tracked_columns(["id", "seq", "name", "city"]) == ["name"]

@@ -161,11 +161,13 @@ class DeltaTarget:
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed, written.unchanged)
 
     def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
-                       custom_metadata: Mapping[str, str]) -> tuple[CommitOutcome, versions.HistoryRewrite]:
+                       custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
+                       ) -> tuple[CommitOutcome, versions.HistoryRewrite]:
         """SCD type 2: commit the batch's keys' rebuilt histories in one transaction carrying
         (app_id, batch_id): "rewrite" when it replaces files, else "append" (even an empty
-        one, so the app transaction is recorded). Raises CommitFailedError when another writer
-        won the race; UnsupportedTableError when the table has a feature only a MERGE honours."""
+        one, so the app transaction is recorded); `added_columns` (in `writes.schema`) join
+        the table just before. Raises CommitFailedError when another writer won the race;
+        UnsupportedTableError when the table has a feature only a MERGE honours."""
         reason = merge_only_reason(self.table)
         if reason is not None:
             raise UnsupportedTableError(f"{self.uri} uses {reason}: a history table (scd_type = 2) commits by "
@@ -175,6 +177,7 @@ class DeltaTarget:
         done = versions.rewrite_files(self.uri, snapshot, writes)
         mode = "rewrite" if done.rewrite.removes else "append"
         props = _commit_properties(app_id, batch_id, custom_metadata, mode)
+        self._add_columns(added_columns, before)
         rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, writes.schema, props)
         changed = len({tuple(sorted(f.partition_values.items())) for f in done.rewrite.removes})
