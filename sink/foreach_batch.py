@@ -57,7 +57,7 @@ from sink.lakehouse.delta_rs import (
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns
-from sink.lakehouse.versions import KNOWN_COLUMN, HistoryWrites, free_deletes
+from sink.lakehouse.versions import KNOWN_COLUMN, VERSION_CHANGES, HistoryWrites, free_deletes
 from sink.lakehouse.writes import conform
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED, record_partitions
@@ -147,9 +147,11 @@ class BatchReport:
     jobs_rerun: int = 0  # tagging jobs Spark aborted after losing an executor, run again
     write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)
     tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
-    # scd_type = 2: rows of the batch's keys' rebuilt histories, and the stored rows they replaced.
+    # scd_type = 2: rows of the batch's keys' rebuilt histories, the stored rows they replaced,
+    # and versions opened, closed and split (sink.lakehouse.versions.HistoryRewrite).
     versions_written: int = 0
     versions_replaced: int = 0
+    version_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))
     total_seconds: float = 0.0
 
     @contextmanager
@@ -189,7 +191,8 @@ class BatchReport:
             f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "
             f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "
             f"tag_steps_s={','.join(f'{p}:{s:.3f}' for p, s in self.tag_steps.items() if s >= 0.0005)}"
-            + (f" versions_written={self.versions_written} versions_replaced={self.versions_replaced}"
+            + (f" versions_written={self.versions_written} versions_replaced={self.versions_replaced} "
+               + " ".join(f"versions_{c}={n}" for c, n in self.version_changes.items())
                if self.versions_written or self.versions_replaced else "")
         )
 
@@ -666,6 +669,7 @@ class UpsertSink:
             self.writer_id, ctx.batch_id, self._commit_metadata(ctx, shards), added)
         report.record(outcome)
         report.versions_written, report.versions_replaced = done.versions_written, done.versions_replaced
+        report.version_changes = done.changes
 
     def _commit_written(self, written: Written, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                         report: BatchReport) -> None:

@@ -68,10 +68,11 @@ LATEST_LOAD_SECONDS = Gauge(
 RECORDS = Counter("upsert_sink_records", "Input records by operation", [*_LABEL, "op"])
 VERSIONS = Counter(
     "upsert_sink_history_versions",
-    "scd_type = 2: version rows of the batches' keys' rebuilt histories written, and stored ones they replaced",
+    "scd_type = 2: version rows of the batches' keys' rebuilt histories written, stored ones they replaced, "
+    "and versions opened, closed and split by a late event",
     [*_LABEL, "change"],
 )
-VERSION_CHANGES = ("written", "replaced")
+VERSION_CHANGES = ("written", "replaced", "opened", "closed", "split")
 BATCH_SECONDS = Histogram(
     "upsert_sink_batch_seconds", "Batch phase durations", [*_LABEL, "phase"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
@@ -148,6 +149,8 @@ def publish(sink: str, report) -> None:
         RECORDS.labels(sink, op).inc(n)
     VERSIONS.labels(sink, "written").inc(report.versions_written)
     VERSIONS.labels(sink, "replaced").inc(report.versions_replaced)
+    for change, n in report.version_changes.items():
+        VERSIONS.labels(sink, change).inc(n)
     answered = (report.memory_hits, report.hits - report.memory_hits, report.misses - report.filter_misses,
                 report.filter_misses)
     for (result, tier), n in zip(LOOKUP_LABELS, answered):

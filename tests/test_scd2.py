@@ -194,9 +194,12 @@ def test_the_run_events_keep_the_untracked_values_a_late_event_needs(spark, tmp_
         ("alice", 39, 39, 40), ("alice", 41, 41, None), ("bob", 40, 40, 41)]
     assert (sink.reports[-1].mode, sink.reports[-1].versions_written, sink.reports[-1].versions_replaced) == (
         "rewrite", 3, 1)
+    # The late 'bob' opens two versions (itself and the 'alice' at 41 after it) and splits
+    # the open 'alice' from 39, which it closes at 40.
+    assert sink.reports[-1].version_changes == {"opened": 2, "closed": 1, "split": 0}
     versions = {c: REGISTRY.get_sample_value("upsert_sink_history_versions_total", {"sink": "w-runs", "change": c})
-                for c in ("written", "replaced")}
-    assert versions == {"written": 1 + 3, "replaced": 1}
+                for c in ("written", "replaced", "opened", "closed", "split")}
+    assert versions == {"written": 1 + 3, "replaced": 1, "opened": 1 + 2, "closed": 1, "split": 0}
 
 
 def test_verify_contract_and_tombstone_compaction_know_history_tables(spark, tmp_path, capsys):
@@ -319,3 +322,38 @@ def test_the_history_keys_read_from_toml(tmp_path):
     cfg = SinkConfig.from_file(conf)
     assert (cfg.scd_type, cfg.track_history_except_columns) == (2, ["city"])
     assert cfg.tracked_columns(["id", "seq", "name", "city"]) == ["name"]
+
+
+def test_a_sequence_of_two_columns_is_a_struct_in_the_table_and_late_events_split_by_it(spark, tmp_path):
+    """`SEQUENCE BY STRUCT(major, minor)`: __START_AT and __END_AT are structs; a late event
+    at (1, 5) splits the version from (1, 2), after a restart."""
+    def config(index):
+        return SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering=["major", "minor"],
+                          delete_when="op = 'd'", except_columns=["op"], scd_type=2, writer_id="w-struct",
+                          num_shards=2, metrics_port=0, index_dir=str(tmp_path / index))
+    schema = "id INT, major INT, minor INT, op STRING, v STRING"
+    UpsertSink(config("i0"))(spark.createDataFrame([(1, 1, 2, "u", "a"), (1, 2, 0, "d", None)], schema), 0)
+    UpsertSink(config("i1"))(spark.createDataFrame([(1, 1, 5, "u", "b")], schema), 1)
+    assert history(str(tmp_path / "t"), "v", START_AT, END_AT) == [
+        ("a", {"major": 1, "minor": 2}, {"major": 1, "minor": 5}),
+        ("b", {"major": 1, "minor": 5}, {"major": 2, "minor": 0})]
+
+
+def test_the_report_counts_versions_opened_closed_and_split(spark, tmp_path):
+    cfg = SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="seq", delete_when="op = 'd'",
+                     except_columns=["op"], scd_type=2, writer_id="w-counts", num_shards=2, metrics_port=0,
+                     index_dir=str(tmp_path / "i"))
+    sink = UpsertSink(cfg)
+    schema = "id INT, seq LONG, op STRING, v STRING"
+    batches = [
+        [(1, 10, "u", "a"), (1, 20, "u", "c")],  # opens a (closed by c) and c
+        [(1, 15, "u", "b"), (2, 5, "u", "x")],  # b splits a; a new key opens x
+        [(1, 30, "d", None), (1, 12, "d", None)],  # closes c; a late delete splits a again
+    ]
+    for b, rows in enumerate(batches):
+        sink(spark.createDataFrame(rows, schema), b)
+    assert [r.version_changes for r in sink.reports] == [
+        {"opened": 2, "closed": 0, "split": 0}, {"opened": 2, "closed": 0, "split": 1},
+        {"opened": 0, "closed": 1, "split": 1}]
+    assert history(cfg.table_uri, "id", "v", START_AT, END_AT) == [
+        (1, "a", 10, 12), (1, "b", 15, 20), (1, "c", 20, 30), (2, "x", 5, None)]

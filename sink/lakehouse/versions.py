@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from sink import keys
-from sink.history import History, HistoryColumns, build, events_of, events_schema
+from sink.history import END_AT, START_AT, History, HistoryColumns, build, events_of, events_schema
 from sink.index.loader import committed_tombstones
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, partition_predicate
@@ -53,6 +53,12 @@ class HistoryRewrite:
     rewrite: Rewrite
     versions_written: int  # rows of the batch's keys' rebuilt histories
     versions_replaced: int  # stored rows they replace
+    # Versions opened (none started there before), closed (open before, ended now) and split
+    # (ended earlier than before: a late event landed inside).
+    changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))
+
+
+VERSION_CHANGES = ("opened", "closed", "split")
 
 
 def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites) -> HistoryRewrite:
@@ -70,6 +76,7 @@ def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: Histo
         shape = events_schema(schema, cols)
         history = build(pa.concat_tables([events_of(History(before, free), cols).cast(shape),
                                           events.select(shape.names).cast(shape)]), cols)
+        changes = version_changes(before, history.versions, cols)
         after = _by_partition(conform(history.versions, schema), writes.partition_by)
         data_schema = pa.schema([f for f in schema if f.name not in writes.partition_by])
 
@@ -89,7 +96,41 @@ def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: Histo
 
         done = list(pool.map(write, groups))
     rewrite = Rewrite([a for d in done for a in d.rewrite.adds], [f for d in done for f in d.rewrite.removes])
-    return HistoryRewrite(rewrite, sum(d.versions_written for d in done), sum(d.versions_replaced for d in done))
+    return HistoryRewrite(rewrite, sum(d.versions_written for d in done), sum(d.versions_replaced for d in done),
+                          changes)
+
+
+def version_changes(before: pa.Table, after: pa.Table, cols: HistoryColumns) -> dict[str, int]:
+    """How the versions of some keys changed from `before` to `after` (a version is its key
+    and START_AT): opened, closed, split (see HistoryRewrite)."""
+    old, new = _bounds(before, cols), _bounds(after, cols)
+    on = [*cols.key, *(c for c in old.column_names if c.startswith("__start"))]
+    opened = new.join(old, keys=on, join_type="left anti").num_rows
+    both = old.join(new, keys=on, join_type="inner", right_suffix="__after")
+    ends = [c for c in old.column_names if c.startswith("__end_")]
+    was_open, is_open = pc.invert(both.column("__ended")), pc.invert(both.column("__ended__after"))
+    moved = pa.array(np.zeros(both.num_rows, bool))
+    for c in ends:
+        moved = pc.or_(moved, pc.fill_null(pc.not_equal(both.column(c), both.column(c + "__after")), False))
+    closed = pc.and_(was_open, pc.invert(is_open))
+    split = pc.and_(pc.and_(pc.invert(was_open), pc.invert(is_open)), moved)
+    return {"opened": opened, "closed": _count(closed), "split": _count(split)}
+
+
+def _bounds(versions: pa.Table, cols: HistoryColumns) -> pa.Table:
+    """Key, START_AT and END_AT of `versions` as plain columns, and whether END_AT is set."""
+    out = versions.select(list(cols.key))
+    for name, column in (("__start", START_AT), ("__end", END_AT)):
+        sequence = versions.column(column).combine_chunks()
+        fields = ([pc.struct_field(sequence, i) for i in range(sequence.type.num_fields)]
+                  if pa.types.is_struct(sequence.type) else [sequence])
+        for i, f in enumerate(fields):
+            out = out.append_column(f"{name}_{i}", f)
+    return out.append_column("__ended", pc.is_valid(versions.column(END_AT)))
+
+
+def _count(mask: pa.Array) -> int:
+    return pc.sum(pc.cast(mask, pa.int64())).as_py() or 0
 
 
 @dataclass(frozen=True)
