@@ -224,7 +224,6 @@ class SinkConfig:
         if self.scd_type != 2:
             return
         unsupported = [(self.scope == "global", "scope = 'global'", "scope = 'partitioned'"),
-                       (self.ignore_null_updates, "ignore_null_updates = true", "ignore_null_updates = false"),
                        (self.commit_mode == "merge", "commit_mode = 'merge'", "commit_mode = 'auto'")]
         for refused, setting, accepted in unsupported:
             if refused:

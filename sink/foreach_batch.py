@@ -39,7 +39,7 @@ from sink.executor import (
     tag_batches,
     tag_locally,
 )
-from sink.history import HISTORY_COLUMNS, HistoryColumns, events_schema, history_fields
+from sink.history import END_AT, HISTORY_COLUMNS, RUN_EVENTS, START_AT, HistoryColumns, events_schema, history_fields
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
@@ -252,10 +252,8 @@ class UpsertSink:
         if history and cfg.scd_type != 2:
             raise ContractMismatchError(f"{cfg.table_uri} is a history table (it has {history}, written with "
                                         f"scd_type = 2); the config says scd_type = {cfg.scd_type}")
-        if cfg.scd_type == 2 and len(history) < len(HISTORY_COLUMNS):
-            raise ContractMismatchError(f"{cfg.table_uri} is not a history table (it lacks "
-                                        f"{[c for c in HISTORY_COLUMNS if c not in history]}): scd_type = 2 writes "
-                                        "to a table it creates, or one it wrote")
+        if cfg.scd_type == 2:
+            self._check_history_columns(df, table)
         stored = [c for c in cfg.except_columns if c in table.names]
         if stored:
             raise SchemaError(f"except_columns {stored} are columns {cfg.table_uri} stores: the sink never leaves a "
@@ -271,6 +269,26 @@ class UpsertSink:
                               "in __RUN_EVENTS, whose type a new column would change; leave them out with "
                               "except_columns, or add them to the table first")
         return added
+
+    def _check_history_columns(self, df: DataFrame, table: pa.Schema) -> None:
+        """scd_type = 2: the table must have the history columns the config gives it: a table
+        written otherwise (other tracked columns, ignore_null_updates switched) keeps events
+        this config would read back wrong."""
+        uri = self.config.table_uri
+        missing = [c for c in (START_AT, END_AT, RUN_EVENTS) if c not in table.names]
+        if missing:
+            raise ContractMismatchError(f"{uri} is not a history table (it lacks {missing}): scd_type = 2 writes "
+                                        "to a table it creates, or one it wrote")
+        # Of the stream's columns, those the table has: a new one is checked as an added column.
+        stored = pa.schema([f for f in self._stored_schema(df, table.names)
+                            if f.name in table.names and f.name not in HISTORY_COLUMNS])
+        expected = history_fields(stored, self._history_columns(stored))
+        found = [f for f in table if f.name in HISTORY_COLUMNS]
+        if [(f.name, _shape(f.type)) for f in found] != [(f.name, _shape(f.type)) for f in expected]:
+            raise ContractMismatchError(
+                f"{uri} keeps its history in {[f'{f.name}: {f.type}' for f in found]}, the config's would be "
+                f"{[f'{f.name}: {f.type}' for f in expected]}: it was written with other track_history or "
+                "ignore_null_updates settings; restore them, or write the history into a new table")
 
     def _stored_schema(self, df: DataFrame, table_columns: list[str] = ()) -> pa.Schema:
         """The stream's columns the table stores: all but `except_columns` and the corrupt-record
@@ -289,7 +307,8 @@ class UpsertSink:
         fixed = {*cfg.key, *cfg.partition_by, *cfg.ordering_columns, *HISTORY_COLUMNS}
         values = [f.name for f in schema if f.name not in fixed]
         return HistoryColumns(key=(*cfg.partition_by, *cfg.key), ordering=tuple(cfg.ordering_columns),
-                              delete=C.DELETE, values=tuple(values), tracked=tuple(cfg.tracked_columns(values)))
+                              delete=C.DELETE, values=tuple(values), tracked=tuple(cfg.tracked_columns(values)),
+                              fill_nulls=cfg.ignore_null_updates)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -469,7 +488,8 @@ class UpsertSink:
             file_order=files,
             scope=cfg.scope,
             cross_partition_check=cfg.cross_partition_check,
-            ignore_null_updates=cfg.ignore_null_updates,
+            # A history table fills nulls in sequence order when it rebuilds (sink.history).
+            ignore_null_updates=cfg.ignore_null_updates and cfg.scd_type == 1,
             tombstone_ttl_seconds=cfg.tombstone_ttl_seconds,
             deletes=cfg.delete_when is not None,
             # Executors write the batch's files where the table allows (else the driver commits
@@ -734,6 +754,15 @@ class UpsertSink:
             TOMBSTONE_DELETED_AT, pa.array([int(now) * 1_000_000] * n, pa.timestamp("us", tz="UTC")))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
                     schema_mode="merge")
+
+
+def _shape(t: pa.DataType):
+    """A type as nested tuples, whatever a list's item field is named (Delta reads `element`)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return ("list", _shape(t.value_type))
+    if pa.types.is_struct(t):
+        return ("struct", tuple((t.field(i).name, _shape(t.field(i).type)) for i in range(t.num_fields)))
+    return str(t)
 
 
 def _count(mask: pa.Array) -> int:

@@ -10,7 +10,10 @@ arrival order or batching changes the result.
 
 The history keeps every event it was built from: each version holds its run's last event
 and, in RUN_EVENTS, the run's earlier ones (their sequence and untracked values: the tracked
-ones are the version's); a delete that closed no version is `free`. `events_of` gives the
+ones are the version's); a delete that closed no version is `free`. With `fill_nulls`
+(ignore_null_updates) an upsert's nulls take the key's previous values, in sequence order
+and not across a delete; RUN_EVENTS then keeps every value as it came, and FILLED names the
+shown event's filled columns, so a late event refills what follows it. `events_of` gives the
 event set back, so a batch rebuilds a key's history from what is stored plus its own events:
 `build(concat(events_of(h), batch))` is the history of all the events, in whatever order
 and batches they came.
@@ -28,7 +31,9 @@ import pyarrow.compute as pc
 START_AT = "__START_AT"
 END_AT = "__END_AT"
 RUN_EVENTS = "__RUN_EVENTS"
-HISTORY_COLUMNS = (START_AT, END_AT, RUN_EVENTS)
+# With `fill_nulls`: the columns of a version's shown event whose null took the previous value.
+FILLED = "__FILLED"
+HISTORY_COLUMNS = (START_AT, END_AT, RUN_EVENTS, FILLED)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class HistoryColumns:
     delete: str
     values: tuple[str, ...]
     tracked: tuple[str, ...]
+    # An upsert's null values take the key's previous ones (in sequence order, not across a
+    # delete): ignore_null_updates. The events keep their nulls, so late events refill.
+    fill_nulls: bool = False
 
     def __post_init__(self):
         untracked = [c for c in self.tracked if c not in self.values]
@@ -55,6 +63,12 @@ class HistoryColumns:
     @property
     def untracked(self) -> list[str]:
         return [c for c in self.values if c not in self.tracked]
+
+    @property
+    def run_values(self) -> list[str]:
+        """The values RUN_EVENTS keeps of a run's earlier events: those the version does not
+        show (untracked; all of them, as they came, when nulls are filled)."""
+        return list(self.values) if self.fill_nulls else self.untracked
 
 
 @dataclass(frozen=True)
@@ -87,12 +101,13 @@ def collapse(events: pa.Table, cols: HistoryColumns) -> pa.Table:
 
 def build(events: pa.Table, cols: HistoryColumns) -> History:
     """The history of the keys of `events` (any number of events per key, in any order)."""
-    events = collapse(events, cols)
-    n = events.num_rows
-    new_key = _changes(events, cols.key)
-    delete = np.asarray(events.column(cols.delete).to_numpy(zero_copy_only=False), bool)
+    raw = collapse(events, cols)
+    n = raw.num_rows
+    new_key = _changes(raw, cols.key)
+    delete = np.asarray(raw.column(cols.delete).to_numpy(zero_copy_only=False), bool)
     after_delete = np.ones(n, bool)
     after_delete[1:] = delete[:-1]
+    events = _filled(raw, cols.values, new_key | after_delete) if cols.fill_nulls else raw
     opens = ~delete & (new_key | after_delete | _changes(events, cols.tracked))
     next_same_key = np.zeros(n, bool)
     next_same_key[:-1] = ~new_key[1:]
@@ -108,11 +123,35 @@ def build(events: pa.Table, cols: HistoryColumns) -> History:
     # A hidden event belongs to the version of the next tail (events are in run order).
     counts = np.bincount(np.searchsorted(tails, hidden), minlength=len(tails))
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int32())
-    run = events.take(hidden).select([*cols.ordering, *cols.untracked])
+    run = raw.take(hidden).select([*cols.ordering, *cols.run_values])
     runs = pa.ListArray.from_arrays(offsets, pa.StructArray.from_arrays(
         [c.combine_chunks() for c in run.columns], fields=list(run.schema)))
     versions = versions.append_column(RUN_EVENTS, runs)
-    return History(versions, events.filter(pa.array(delete & (new_key | after_delete))))
+    if cols.fill_nulls:
+        versions = versions.append_column(FILLED, _filled_names(raw.take(tails), versions, cols.values))
+    return History(versions, raw.filter(pa.array(delete & (new_key | after_delete))))
+
+
+def _filled(events: pa.Table, columns: Sequence[str], starts: np.ndarray) -> pa.Table:
+    """`events` with each null of `columns` taking the value before it, within the segments
+    `starts` opens (a key's events up to a delete)."""
+    positions = np.arange(events.num_rows)
+    for c in columns:
+        column = events.column(c).combine_chunks()
+        valid = np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), bool)
+        source = np.maximum.accumulate(np.where(valid | starts, positions, 0))
+        events = events.set_column(events.schema.get_field_index(c), c, column.take(pa.array(source)))
+    return events
+
+
+def _filled_names(raw: pa.Table, shown: pa.Table, columns: Sequence[str]) -> pa.Array:
+    """Per row: the `columns` null in `raw` and set in `shown`."""
+    filled = np.zeros((raw.num_rows, len(columns)), bool)
+    for i, c in enumerate(columns):
+        filled[:, i] = pc.and_(pc.is_null(raw.column(c)), pc.is_valid(shown.column(c))).to_numpy(zero_copy_only=False)
+    rows, at = np.nonzero(filled)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=raw.num_rows))])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array([columns[i] for i in at], pa.string()))
 
 
 def history_fields(schema: pa.Schema, cols: HistoryColumns) -> list[pa.Field]:
@@ -123,8 +162,9 @@ def history_fields(schema: pa.Schema, cols: HistoryColumns) -> list[pa.Field]:
         sequence = schema.field(cols.ordering[0]).type
     else:
         sequence = pa.struct([schema.field(c) for c in cols.ordering])
-    run = pa.list_(pa.struct([schema.field(c) for c in (*cols.ordering, *cols.untracked)]))
-    return [pa.field(START_AT, sequence), pa.field(END_AT, sequence), pa.field(RUN_EVENTS, run)]
+    run = pa.list_(pa.struct([schema.field(c) for c in (*cols.ordering, *cols.run_values)]))
+    fields = [pa.field(START_AT, sequence), pa.field(END_AT, sequence), pa.field(RUN_EVENTS, run)]
+    return [*fields, pa.field(FILLED, pa.list_(pa.string()))] if cols.fill_nulls else fields
 
 
 def events_schema(schema: pa.Schema, cols: HistoryColumns) -> pa.Schema:
@@ -139,11 +179,20 @@ def events_of(history: History, cols: HistoryColumns) -> pa.Table:
     versions = history.versions
     schema = history.free.schema
     shown = versions.select([*cols.key, *cols.ordering, *cols.values])
+    if cols.fill_nulls:  # the event as it came: its filled values null again
+        filled = versions.column(FILLED).combine_chunks()
+        rows = pc.list_parent_indices(filled).to_numpy(zero_copy_only=False)
+        names = filled.flatten().to_numpy(zero_copy_only=False)
+        for c in cols.values:
+            came_null = np.zeros(len(shown), bool)
+            came_null[rows[names == c]] = True
+            shown = shown.set_column(shown.schema.get_field_index(c), c, pc.if_else(
+                pa.array(came_null), pa.nulls(len(shown), shown.schema.field(c).type), shown.column(c)))
     shown = shown.append_column(cols.delete, pa.array(np.zeros(len(shown), bool)))
     runs = versions.column(RUN_EVENTS).combine_chunks()
     earlier = pa.Table.from_struct_array(runs.flatten())
     owner = versions.take(pc.list_parent_indices(runs))
-    for c in [*cols.key, *cols.tracked]:
+    for c in [*cols.key, *(c for c in cols.tracked if c not in cols.run_values)]:
         earlier = earlier.append_column(c, owner.column(c))
     earlier = earlier.append_column(cols.delete, pa.array(np.zeros(len(earlier), bool)))
     # A version that ends where none of the key's versions starts was closed by a delete.

@@ -182,10 +182,11 @@ def test_composite_keys_and_a_struct_sequence():
         ], key=repr)
 
 
-def oracle(events: list[dict], tracked: Sequence[str]) -> list[tuple]:
+def oracle(events: list[dict], tracked: Sequence[str], fill: bool = False) -> list[tuple]:
     """History as intervals: between two consecutive sequences of a key the key holds the
-    event at the first (absent after a delete); adjacent intervals whose tracked values
-    agree are one version, which shows its last interval's event."""
+    event at the first (absent after a delete; with `fill`, its nulls take the values held
+    before it); adjacent intervals whose tracked values agree are one version, which shows
+    its last interval's event."""
     result = []
     for key in {e["id"] for e in events}:
         at: dict[int, dict] = {}
@@ -197,6 +198,12 @@ def oracle(events: list[dict], tracked: Sequence[str]) -> list[tuple]:
             if held is None or rank(e) > rank(held):
                 at[e["seq"]] = e
         seqs = sorted(at)
+        held = None
+        for s in seqs:
+            if at[s]["is_delete"]:
+                held = None
+            elif fill:
+                held = at[s] = {**at[s], **{c: held[c] for c in ("name", "score") if held and at[s][c] is None}}
         intervals = [(s, seqs[i + 1] if i + 1 < len(seqs) else None, at[s]) for i, s in enumerate(seqs)]
         merged: list[list] = []  # [start, end, event]
         previous = None
@@ -215,10 +222,12 @@ def oracle(events: list[dict], tracked: Sequence[str]) -> list[tuple]:
 
 @pytest.mark.parametrize("seed", range(200))
 def test_any_batching_and_arrival_order_gives_the_oracles_history(seed):
+    """With nulls filled (ignore_null_updates) in every other case."""
     rnd = random.Random(seed)
     tracked = rnd.choice([("name",), ("name", "score")])
+    fill = seed % 2 == 1
     cols = HistoryColumns(key=("id",), ordering=("seq",), delete="is_delete", values=("name", "score"),
-                          tracked=tracked)
+                          tracked=tracked, fill_nulls=fill)
     events = [{"id": rnd.randint(1, 3), "seq": rnd.randint(1, 12), "is_delete": rnd.random() < 0.25,
                "name": rnd.choice(["a", "b", None]), "score": rnd.choice([1, 2, None])}
               for _ in range(rnd.randint(1, 25))]
@@ -229,7 +238,7 @@ def test_any_batching_and_arrival_order_gives_the_oracles_history(seed):
     cuts = sorted({*rnd.sample(range(1, len(events)), min(len(events) - 1, rnd.randint(0, 3))), len(events)})
     batches = [pa.Table.from_pylist(events[a:b], schema=TRACKED) for a, b in zip([0, *cuts], cuts)]
     history = in_batches(batches, cols)
-    assert rows(history, "id", "name", "score", "seq", START_AT, END_AT) == oracle(events, tracked)
+    assert rows(history, "id", "name", "score", "seq", START_AT, END_AT) == oracle(events, tracked, fill)
     # The history keeps every event it was built from.
     all_events = pa.Table.from_pylist(events, schema=TRACKED)
     assert events_of(history, cols).to_pylist() == collapse(all_events, cols).to_pylist()

@@ -101,18 +101,20 @@ EVENTS = "id STRING, dt STRING, seq LONG, op STRING, name STRING, score INT"
 @pytest.mark.parametrize("seed", range(4))
 def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_path, seed):
     """Partitioned by dt (a key's history is per partition), some batches after a restart,
-    tagged in the driver or in Spark tasks; the current rows equal what scd_type = 1 gives
-    from the same batches."""
+    tagged in the driver or in Spark tasks, nulls filled (ignore_null_updates) in the last two
+    seeds; otherwise the current rows equal what scd_type = 1 gives from the same batches."""
     rnd = random.Random(seed)
+    fill = seed >= 2
+    nulls = [None] if fill else []
     events = [{"id": str(rnd.randint(1, 4)), "dt": rnd.choice(["2026-01-01", "2026-01-02"]),
-               "seq": rnd.randint(1, 15), "is_delete": rnd.random() < 0.2, "name": rnd.choice(["a", "b"]),
-               "score": rnd.choice([1, 2])} for _ in range(40)]
+               "seq": rnd.randint(1, 15), "is_delete": rnd.random() < 0.2, "name": rnd.choice(["a", "b", *nulls]),
+               "score": rnd.choice([1, 2, *nulls])} for _ in range(40)]
     for e in events:  # one event per key, partition and sequence: type 1 breaks ties by arrival
         e["seq"] = e["seq"] * 100 + events.index(e)
     common = dict(key=["id"], partition_by=["dt"], ordering="seq", delete_when="op = 'd'", except_columns=["op"],
                   writer_id="w", num_shards=2, metrics_port=0)
     scd2 = dict(table_uri=str(tmp_path / "t2"), scd_type=2, track_history_columns=["name"],
-                tag_on="executors" if seed % 2 else "driver", **common)
+                tag_on="executors" if seed % 2 else "driver", ignore_null_updates=fill, **common)
     scd1 = SinkConfig(table_uri=str(tmp_path / "t1"), index_dir=str(tmp_path / "i1"), **common)
     sinks = [UpsertSink(SinkConfig(index_dir=str(tmp_path / "i2"), **scd2)), UpsertSink(scd1)]
     cuts = sorted({*rnd.sample(range(1, 40), 3), 40})
@@ -127,11 +129,12 @@ def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_pat
     for dt in ("2026-01-01", "2026-01-02"):
         of_dt = [{**e, "id": e["id"], "name": None if e["is_delete"] else e["name"],
                   "score": None if e["is_delete"] else e["score"]} for e in events if e["dt"] == dt]
-        expected += [(dt, *row) for row in oracle(of_dt, ["name"])]
+        expected += [(dt, *row) for row in oracle(of_dt, ["name"], fill)]
     got = history(str(tmp_path / "t2"), "dt", "id", "name", "score", "seq", START_AT, END_AT)
-    assert got == sorted(expected)
-    current = sorted((dt, i, n, s) for dt, i, n, s, _, _, end in got if end is None)
-    assert current == history(str(tmp_path / "t1"), "dt", "id", "name", "score")
+    assert got == sorted(expected, key=lambda row: [(v is not None, v) for v in row])
+    if not fill:
+        current = sorted((dt, i, n, s) for dt, i, n, s, _, _, end in got if end is None)
+        assert current == history(str(tmp_path / "t1"), "dt", "id", "name", "score")
 
 
 def test_changing_the_type_or_the_tracked_columns_of_a_table_is_refused(spark, tmp_path):
@@ -165,7 +168,6 @@ def test_tracked_columns_must_be_stored_columns(spark, tmp_path):
     ({"track_history_columns": ["name"], "track_history_except_columns": ["city"]}, "not both"),
     ({"track_history_columns": ["userId"]}, "key, partition or ordering"),
     ({"scope": "global"}, "scope = 'global'"),
-    ({"ignore_null_updates": True}, "ignore_null_updates"),
     ({"commit_mode": "merge"}, "commit_mode = 'merge'"),
 ])
 def test_history_config_errors_name_the_key(tmp_path, extra, message):
@@ -357,3 +359,19 @@ def test_the_report_counts_versions_opened_closed_and_split(spark, tmp_path):
         {"opened": 0, "closed": 1, "split": 1}]
     assert history(cfg.table_uri, "id", "v", START_AT, END_AT) == [
         (1, "a", 10, 12), (1, "b", 15, 20), (1, "c", 20, 30), (2, "x", 5, None)]
+
+
+def test_ignore_null_updates_fills_from_the_previous_version_and_a_late_event_refills(spark, tmp_path):
+    """An update's nulls take the key's values before it, in sequence order: a late event
+    between two versions changes what the later one filled (the events keep their nulls)."""
+    sink = UpsertSink(users_config(tmp_path, ignore_null_updates=True))
+    sink(spark.createDataFrame([(1, "Ana", "Lima", "INSERT", 10), (1, None, "Quito", "UPDATE", 20)], USERS), 0)
+    uri = str(tmp_path / "users")
+    assert history(uri, "name", "city", START_AT, END_AT) == [("Ana", "Lima", 10, 20), ("Ana", "Quito", 20, None)]
+    restarted = UpsertSink(users_config(tmp_path, index="index-2", ignore_null_updates=True))
+    restarted(spark.createDataFrame([(1, "Bea", None, "UPDATE", 15)], USERS), 1)
+    assert history(uri, "name", "city", START_AT, END_AT) == [
+        ("Ana", "Lima", 10, 15), ("Bea", "Lima", 15, 20), ("Bea", "Quito", 20, None)]
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("__FILLED").to_pylist()) == [[], ["city"], ["name"]]
+    with pytest.raises(ContractMismatchError, match="ignore_null_updates"):
+        UpsertSink(users_config(tmp_path, index="index-3"))(spark.createDataFrame(USER_CHANGES[:1], USERS), 2)
