@@ -32,6 +32,7 @@ from sink.tombstones import expired_rows
 
 # Per event of `HistoryWrites.events`: whether the index holds its key (False: new to the table).
 KNOWN_COLUMN = "__sink_known"
+VERSION_CHANGES = ("opened", "closed", "split")
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,6 @@ class HistoryRewrite:
     # (ended earlier than before: a late event landed inside).
     changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))
 
-
-VERSION_CHANGES = ("opened", "closed", "split")
 
 
 def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites) -> HistoryRewrite:
@@ -89,7 +88,7 @@ def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: Histo
             known = groups[pid].filter(groups[pid].column(KNOWN_COLUMN))
             stored_key = pc.is_in(row_keys(new, writes.key_cols), value_set=row_keys(known, writes.key_cols))
             rebuilt, fresh = new.filter(stored_key), new.filter(pc.invert(stored_key))
-            files = old.kept[:1] and [pa.concat_tables([old.kept[0], rebuilt]), *old.kept[1:]] or [rebuilt]
+            files = [pa.concat_tables([old.kept[0], rebuilt]), *old.kept[1:]] if old.kept else [rebuilt]
             outputs = [t for t in with_inserts(files, fresh) if t.num_rows]
             return HistoryRewrite(Rewrite([write_file(fs, root, t, values, data_schema) for t in outputs],
                                           old.removed), new.num_rows, old.before.num_rows)
