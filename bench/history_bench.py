@@ -32,7 +32,8 @@ def history_table(template: str, uri: str) -> None:
 def current_rows(uri: str) -> pa.Table:
     table = DeltaTable(uri).to_pyarrow_table()
     if END_AT in table.column_names:
-        table = table.filter(pc.is_null(table.column(END_AT))).drop_columns(list(HISTORY_COLUMNS))
+        table = table.filter(pc.is_null(table.column(END_AT))).drop_columns(
+            [c for c in HISTORY_COLUMNS if c in table.column_names])
     return table.sort_by([("id", "ascending"), ("dt", "ascending")]).combine_chunks()
 
 
