@@ -39,7 +39,7 @@ from sink.executor import (
     tag_batches,
     tag_locally,
 )
-from sink.history import END_AT, HISTORY_COLUMNS, RUN_EVENTS, START_AT, HistoryColumns, events_schema, history_fields
+from sink.history import HISTORY_COLUMNS, HistoryColumns, events_schema, history_fields
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
@@ -56,7 +56,7 @@ from sink.lakehouse.delta_rs import (
 )
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.rewrite import stored_files
-from sink.lakehouse.schema import added_columns
+from sink.lakehouse.schema import added_columns, check_history_columns
 from sink.lakehouse.versions import KNOWN_COLUMN, VERSION_CHANGES, HistoryWrites, free_deletes
 from sink.lakehouse.writes import conform
 from sink.moves import keep_stored_values, placed
@@ -271,24 +271,11 @@ class UpsertSink:
         return added
 
     def _check_history_columns(self, df: DataFrame, table: pa.Schema) -> None:
-        """scd_type = 2: the table must have the history columns the config gives it: a table
-        written otherwise (other tracked columns, ignore_null_updates switched) keeps events
-        this config would read back wrong."""
-        uri = self.config.table_uri
-        missing = [c for c in (START_AT, END_AT, RUN_EVENTS) if c not in table.names]
-        if missing:
-            raise ContractMismatchError(f"{uri} is not a history table (it lacks {missing}): scd_type = 2 writes "
-                                        "to a table it creates, or one it wrote")
+        """scd_type = 2: the table must have the history columns this config gives it."""
         # Of the stream's columns, those the table has: a new one is checked as an added column.
         stored = pa.schema([f for f in self._stored_schema(df, table.names)
                             if f.name in table.names and f.name not in HISTORY_COLUMNS])
-        expected = history_fields(stored, self._history_columns(stored))
-        found = [f for f in table if f.name in HISTORY_COLUMNS]
-        if [(f.name, _shape(f.type)) for f in found] != [(f.name, _shape(f.type)) for f in expected]:
-            raise ContractMismatchError(
-                f"{uri} keeps its history in {[f'{f.name}: {f.type}' for f in found]}, the config's would be "
-                f"{[f'{f.name}: {f.type}' for f in expected]}: it was written with other track_history or "
-                "ignore_null_updates settings; restore them, or write the history into a new table")
+        check_history_columns(self.config.table_uri, table, history_fields(stored, self._history_columns(stored)))
 
     def _stored_schema(self, df: DataFrame, table_columns: list[str] = ()) -> pa.Schema:
         """The stream's columns the table stores: all but `except_columns` and the corrupt-record
@@ -754,15 +741,6 @@ class UpsertSink:
             TOMBSTONE_DELETED_AT, pa.array([int(now) * 1_000_000] * n, pa.timestamp("us", tz="UTC")))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
                     schema_mode="merge")
-
-
-def _shape(t: pa.DataType):
-    """A type as nested tuples, whatever a list's item field is named (Delta reads `element`)."""
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return ("list", _shape(t.value_type))
-    if pa.types.is_struct(t):
-        return ("struct", tuple((t.field(i).name, _shape(t.field(i).type)) for i in range(t.num_fields)))
-    return str(t)
 
 
 def _count(mask: pa.Array) -> int:

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 
-from sink.errors import SchemaError
+from sink.errors import ContractMismatchError, SchemaError
+from sink.history import END_AT, HISTORY_COLUMNS, RUN_EVENTS, START_AT
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
@@ -57,3 +58,28 @@ def added_columns(stream: pa.Schema, table: pa.Schema, roles: Mapping[str, str],
         raise SchemaError(f"the stream has column(s) {[f.name for f in added]} the table lacks and "
                           "schema_evolution = 'fail'; set schema_evolution = 'add_columns' to add them")
     return added
+
+
+def check_history_columns(uri: str, table: pa.Schema, expected: list[pa.Field]) -> None:
+    """A history table (scd_type 2) must have the history columns its config gives it
+    (`expected`): one written otherwise (other tracked columns, ignore_null_updates switched)
+    keeps events that config would read back wrong."""
+    missing = [c for c in (START_AT, END_AT, RUN_EVENTS) if c not in table.names]
+    if missing:
+        raise ContractMismatchError(f"{uri} is not a history table (it lacks {missing}): scd_type = 2 writes to a "
+                                    "table it creates, or one it wrote")
+    found = [f for f in table if f.name in HISTORY_COLUMNS]
+    if [(f.name, _shape(f.type)) for f in found] != [(f.name, _shape(f.type)) for f in expected]:
+        raise ContractMismatchError(
+            f"{uri} keeps its history in {[f'{f.name}: {f.type}' for f in found]}, the config's would be "
+            f"{[f'{f.name}: {f.type}' for f in expected]}: it was written with other track_history or "
+            "ignore_null_updates settings; restore them, or write the history into a new table")
+
+
+def _shape(t: pa.DataType):
+    """A type as nested tuples, whatever a list's item field is named (Delta reads `element`)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return ("list", _shape(t.value_type))
+    if pa.types.is_struct(t):
+        return ("struct", tuple((t.field(i).name, _shape(t.field(i).type)) for i in range(t.num_fields)))
+    return str(t)
