@@ -12,13 +12,12 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from sink import keys
 from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, merge, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import merge_only_reason
 from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
-from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, partition_predicate
+from sink.lakehouse.predicates import partitions_predicate
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, distinct_partitions
 from sink.ordering import columns_of
 
@@ -245,10 +244,7 @@ def rows_in(table: DeltaTable, pids: Sequence[str], columns: Sequence[str]) -> p
     schema = pa.schema(table.schema().to_arrow())
     if not pids:
         return pa.schema([f for f in schema if f.name in columns]).empty_table()
-    types = {f.name: f.type for f in schema}
-    # Bounded like the MERGE's predicate: past the limit, the scan reads every partition.
-    where = None if len(pids) > MAX_PARTITION_LITERALS else " OR ".join(
-        f"({partition_predicate(keys.partition_values(p), types)})" for p in pids)
+    where = partitions_predicate(pids, {f.name: f.type for f in schema})
     return pa.table(table.scan(columns=list(columns), predicate=where))
 
 

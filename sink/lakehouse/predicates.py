@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
+from sink import keys
+
 # Partitions named in a MERGE's ON clause at most; beyond, the clause names none.
 MAX_PARTITION_LITERALS = 2000
 
@@ -35,6 +37,14 @@ def partition_predicate(
     terms = [f"{prefix}{quote_ident(c)} = {sql_literal(v, types[c])}" if v else f"{prefix}{quote_ident(c)} IS NULL"
              for c, v in values.items()]
     return " AND ".join(terms) if terms else "TRUE"
+
+
+def partitions_predicate(pids: Sequence[str], types: Mapping[str, pa.DataType]) -> str | None:
+    """A scan predicate selecting the partitions `pids` (ids as `keys.partition_id` names
+    them); None past MAX_PARTITION_LITERALS, bounded like the MERGE's: the scan reads all."""
+    if len(pids) > MAX_PARTITION_LITERALS:
+        return None
+    return " OR ".join(f"({partition_predicate(keys.partition_values(p), types)})" for p in pids)
 
 
 def merge_predicate(

@@ -25,7 +25,7 @@ from sink import keys
 from sink.history import END_AT, START_AT, History, HistoryColumns, build, events_of, events_schema
 from sink.index.loader import committed_tombstones
 from sink.lakehouse.log import filesystem
-from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, partition_predicate
+from sink.lakehouse.predicates import partitions_predicate
 from sink.lakehouse.rewrite import Rewrite, StoredFile, matching_files, row_keys, with_inserts, write_file
 from sink.lakehouse.writes import conform, partition_string
 from sink.tombstones import expired_rows
@@ -195,9 +195,7 @@ def free_deletes(table: DeltaTable, tombstone_uri: str, pids: Sequence[str], col
     if not pids or not DeltaTable.is_deltatable(tombstone_uri):
         return shape.empty_table()
     tombstones = DeltaTable(tombstone_uri)
-    types = {f.name: f.type for f in pa.schema(tombstones.schema().to_arrow())}
-    where = None if len(pids) > MAX_PARTITION_LITERALS else " OR ".join(
-        f"({partition_predicate(keys.partition_values(p), types)})" for p in pids)
+    where = partitions_predicate(pids, {f.name: f.type for f in pa.schema(tombstones.schema().to_arrow())})
     rows = committed_tombstones(table, tombstones, where, [*cols.key, *cols.ordering])
     rows = rows.filter(pc.invert(expired_rows(rows, ttl_seconds, now)))
     columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names

@@ -1,7 +1,14 @@
 import pyarrow as pa
 import pytest
 
-from sink.lakehouse.predicates import MAX_PARTITION_LITERALS, merge_predicate, partition_predicate, sql_literal
+from sink.keys import partition_id
+from sink.lakehouse.predicates import (
+    MAX_PARTITION_LITERALS,
+    merge_predicate,
+    partition_predicate,
+    partitions_predicate,
+    sql_literal,
+)
 
 TYPES = {"dt": pa.string(), "day": pa.date32(), "n": pa.int32(), "flag": pa.bool_()}
 
@@ -46,3 +53,10 @@ def test_a_partition_list_above_the_limit_is_left_out_rather_than_crash_delta_rs
     assert merge_predicate(["id"], ["dt"], at_limit, TYPES).count("'p") == MAX_PARTITION_LITERALS
     over = at_limit + [{"dt": "one-more"}]
     assert merge_predicate(["id"], ["dt"], over, TYPES) == "t.`id` = s.`id` AND t.`dt` = s.`dt`"
+
+
+def test_a_scan_of_several_partitions_selects_each_and_reads_all_past_the_bound():
+    pids = [partition_id(["dt", "n"], ["2025-01-02", "7"]), partition_id(["dt", "n"], [None, "8"])]
+    assert partitions_predicate(pids, TYPES) == \
+        "(`dt` = '2025-01-02' AND `n` = 7) OR (`dt` IS NULL AND `n` = 8)"
+    assert partitions_predicate(pids * (MAX_PARTITION_LITERALS // 2 + 1), TYPES) is None
