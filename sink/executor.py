@@ -38,7 +38,7 @@ from sink import keys
 from sink.arrival import arrival
 from sink.index import changelog
 from sink.index.catchup import catch_up
-from sink.index.entry import ordering_names
+from sink.index.entry import expire_before, ordering_names
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions, table_partitions
 from sink.index.loader import read_changes
 from sink.index.replica import (
@@ -108,7 +108,7 @@ class TaskContext:
     @property
     def expire_before(self) -> int | None:
         """Deletes stamped before this (seconds since the epoch) have expired; None: never."""
-        return None if self.tombstone_ttl_seconds is None else int(self.now) - self.tombstone_ttl_seconds
+        return expire_before(self.tombstone_ttl_seconds, self.now)
 
     @property
     def shield_pid(self) -> str | None:

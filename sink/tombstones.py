@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from sink.config import SinkConfig
+from sink.index.entry import expire_before
 from sink.index.loader import TOMBSTONE_DELETED_AT, committed, stamp_seconds
 from sink.ordering import columns_of
 
@@ -80,6 +81,7 @@ def compact(cfg: SinkConfig, now: float) -> Compaction | None:
 def expired_rows(rows: pa.Table, ttl_seconds: int | None, now: float) -> pa.Array:
     """Rows whose delete is older than the TTL, by the rule tagging applies to index entries
     (rows without a time count as deleted at the epoch)."""
-    if ttl_seconds is None:
+    cutoff = expire_before(ttl_seconds, now)
+    if cutoff is None:
         return pa.array(np.zeros(rows.num_rows, bool))
-    return pc.less(stamp_seconds(rows), int(now) - ttl_seconds)
+    return pc.less(stamp_seconds(rows), cutoff)

@@ -126,6 +126,13 @@ def unpack_many(raws: Sequence[bytes | None], width: int = 1) -> tuple[np.ndarra
             records["deleted_at"].copy())
 
 
+def expire_before(ttl_seconds: int | None, now: float) -> int | None:
+    """Deletes stamped before this (seconds since the epoch) have expired as of `now` under
+    `tombstone_ttl_seconds`; None: none expire. The one cutoff for index entries and
+    tombstone rows alike."""
+    return None if ttl_seconds is None else int(now) - ttl_seconds
+
+
 def expired(found: np.ndarray, deleted: np.ndarray, deleted_at: np.ndarray, expire_before: int | None) -> np.ndarray:
     """Which entries are deletes older than `expire_before` (None: none expire): tagging
     treats them as absent, so a late update of such a key writes it again."""
