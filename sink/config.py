@@ -283,6 +283,13 @@ class SinkConfig:
         return dataclasses.replace(self, ordering=ordering if isinstance(self.ordering, list) else ordering[0])
 
     @property
+    def tombstone_key(self) -> list[str]:
+        """What one tombstone row stands for: a key (in partitioned scope, a key in its
+        partition); in a history table every delete of it, so its ordering too."""
+        key = [*self.key] if self.scope == "global" else [*self.key, *self.partition_by]
+        return [*key, *self.ordering_columns] if self.scd_type == 2 else key
+
+    @property
     def tombstone_ttl_seconds(self) -> int | None:
         """`tombstone_ttl_hours` in whole seconds, the unit deletes are stamped in."""
         return None if self.tombstone_ttl_hours is None else round(self.tombstone_ttl_hours * 3600)

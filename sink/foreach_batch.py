@@ -729,11 +729,8 @@ class UpsertSink:
         when the batch ran (`now`, the stamp its index entries carry: tombstone_ttl_hours).
         """
         cfg = self.config
-        per_key = cfg.key if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
-        if cfg.scd_type == 2:  # every delete is an event of the key's history
-            per_key = [*per_key, *cfg.ordering_columns]
-        deletes = latest_per_key(deletes.select([*cfg.key, *cfg.partition_by, *cfg.ordering_columns]), per_key,
-                                 cfg.ordering_columns)
+        deletes = latest_per_key(deletes.select([*cfg.key, *cfg.partition_by, *cfg.ordering_columns]),
+                                 cfg.tombstone_key, cfg.ordering_columns)
         n = deletes.num_rows
         rows = deletes.append_column(
             TOMBSTONE_WRITER, pa.array([self.writer_id] * n, pa.string())).append_column(

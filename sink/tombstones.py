@@ -2,8 +2,9 @@
 
 Every batch appends its deletes (one row per key and batch), so the table grows with every
 delete. Compaction rewrites it in one overwrite commit: the rows of batches the target
-table holds shrink to the newest per key (per key and partition in partitioned scope: what
-a partition load reads), minus those expired under the TTL; rows of batches not committed
+table holds shrink to the newest per `SinkConfig.tombstone_key` (per key and partition in
+partitioned scope: what a partition load reads; every delete of a history table), minus
+those expired under the TTL; rows of batches not committed
 yet are kept as they are. A batch appending meanwhile is not lost: the overwrite removes
 only the files it read.
 """
@@ -62,10 +63,7 @@ def compact(cfg: SinkConfig, now: float) -> Compaction | None:
     rows = pa.table(tombstones.to_pyarrow_table())
     done = committed(table, rows)
     pending, held = rows.filter(pc.invert(done)), rows.filter(done)
-    per_key = [*cfg.key] if cfg.scope == "global" else [*cfg.key, *cfg.partition_by]
-    if cfg.scd_type == 2:  # every delete is an event of the key's history
-        per_key += cfg.ordering_columns
-    newest = latest_per_key(held, per_key, cfg.ordering_columns)
+    newest = latest_per_key(held, cfg.tombstone_key, cfg.ordering_columns)
     kept = newest.filter(pc.invert(expired_rows(newest, cfg.tombstone_ttl_seconds, now)))
     report = Compaction(rows.num_rows, pending.num_rows + kept.num_rows, newest.num_rows - kept.num_rows,
                         held.num_rows - newest.num_rows, pending.num_rows, None)
