@@ -248,12 +248,7 @@ class UpsertSink:
             raise ContractMismatchError(
                 f"{cfg.table_uri} keeps the ordering column(s) {list(hidden)} as {list(hidden.values())}: "
                 "except_columns named them when the table was written; name them in except_columns again")
-        history = [c for c in HISTORY_COLUMNS if c in table.names]
-        if history and cfg.scd_type != 2:
-            raise ContractMismatchError(f"{cfg.table_uri} is a history table (it has {history}, written with "
-                                        f"scd_type = 2); the config says scd_type = {cfg.scd_type}")
-        if cfg.scd_type == 2:
-            self._check_history_columns(df, table)
+        check_history_columns(cfg.table_uri, table, self._history_fields(df, table) if cfg.scd_type == 2 else [])
         stored = [c for c in cfg.except_columns if c in table.names]
         if stored:
             raise SchemaError(f"except_columns {stored} are columns {cfg.table_uri} stores: the sink never leaves a "
@@ -270,12 +265,12 @@ class UpsertSink:
                               "except_columns, or add them to the table first")
         return added
 
-    def _check_history_columns(self, df: DataFrame, table: pa.Schema) -> None:
-        """scd_type = 2: the table must have the history columns this config gives it."""
-        # Of the stream's columns, those the table has: a new one is checked as an added column.
+    def _history_fields(self, df: DataFrame, table: pa.Schema) -> list[pa.Field]:
+        """scd_type = 2: the history columns this config gives `table`, from the stream's
+        columns the table has (a new one is checked as an added column)."""
         stored = pa.schema([f for f in self._stored_schema(df, table.names)
                             if f.name in table.names and f.name not in HISTORY_COLUMNS])
-        check_history_columns(self.config.table_uri, table, history_fields(stored, self._history_columns(stored)))
+        return history_fields(stored, self._history_columns(stored))
 
     def _stored_schema(self, df: DataFrame, table_columns: list[str] = ()) -> pa.Schema:
         """The stream's columns the table stores: all but `except_columns` and the corrupt-record

@@ -61,14 +61,19 @@ def added_columns(stream: pa.Schema, table: pa.Schema, roles: Mapping[str, str],
 
 
 def check_history_columns(uri: str, table: pa.Schema, expected: list[pa.Field]) -> None:
-    """A history table (scd_type 2) must have the history columns its config gives it
-    (`expected`): one written otherwise (other tracked columns, ignore_null_updates switched)
-    keeps events that config would read back wrong."""
+    """The table must have the history columns the config gives it (`expected`; none for
+    scd_type 1): a history table written otherwise (other tracked columns, ignore_null_updates
+    switched) keeps events that config would read back wrong."""
+    found = [f for f in table if f.name in HISTORY_COLUMNS]
+    if not expected:
+        if found:
+            raise ContractMismatchError(f"{uri} is a history table (it has {[f.name for f in found]}, written "
+                                        "with scd_type = 2); the config says scd_type = 1")
+        return
     missing = [c for c in (START_AT, END_AT, RUN_EVENTS) if c not in table.names]
     if missing:
         raise ContractMismatchError(f"{uri} is not a history table (it lacks {missing}): scd_type = 2 writes to a "
                                     "table it creates, or one it wrote")
-    found = [f for f in table if f.name in HISTORY_COLUMNS]
     if [(f.name, _shape(f.type)) for f in found] != [(f.name, _shape(f.type)) for f in expected]:
         raise ContractMismatchError(
             f"{uri} keeps its history in {[f'{f.name}: {f.type}' for f in found]}, the config's would be "
