@@ -96,6 +96,7 @@ def test_a_delete_of_an_unknown_key_is_remembered_for_a_later_older_upsert(spark
 
 
 EVENTS = "id STRING, dt STRING, seq LONG, op STRING, name STRING, score INT"
+EVENTS_NO_DT = "id STRING, seq LONG, op STRING, name STRING, score INT"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -375,3 +376,34 @@ def test_ignore_null_updates_fills_from_the_previous_version_and_a_late_event_re
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("__FILLED").to_pylist()) == [[], ["city"], ["name"]]
     with pytest.raises(ContractMismatchError, match="ignore_null_updates"):
         UpsertSink(users_config(tmp_path, index="index-3"))(spark.createDataFrame(USER_CHANGES[:1], USERS), 2)
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_a_second_writer_committing_between_tagging_and_commit_makes_the_batch_rebuild(spark, tmp_path, tag_on):
+    """Writer a tags key k as new; writer b commits a version of k before a commits. A blind
+    append of a's history would leave k two overlapping current versions: a must tag again
+    and rebuild k with b's version, to the oracle's history of all the events."""
+    def config(name):
+        return SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="seq", delete_when="op = 'd'",
+                          except_columns=["op"], scd_type=2, writer_id=f"w-race-{name}", num_shards=2, metrics_port=0,
+                          index_dir=str(tmp_path / f"index-{name}"), tag_on=tag_on, max_commit_retries=1)
+    a, b = UpsertSink(config("a")), UpsertSink(config("b"))
+    ours = [("k", 5, "u", "ours", 1), ("j", 1, "u", "j", 1)]
+    theirs = [("k", 3, "u", "theirs", 2)]
+    a(spark.createDataFrame([("seed", 1, "u", "s", 1)], EVENTS_NO_DT), 0)
+    commit = a._target.commit_history
+    calls = []
+
+    def b_gets_there_first(*args, **kwargs):
+        if not calls:
+            b(spark.createDataFrame(theirs, EVENTS_NO_DT), 0)
+        calls.append(1)
+        return commit(*args, **kwargs)
+
+    a._target.commit_history = b_gets_there_first
+    a(spark.createDataFrame(ours, EVENTS_NO_DT), 1)
+    events = [{"id": i, "seq": s, "is_delete": op == "d", "name": n, "score": sc}
+              for i, s, op, n, sc in [("seed", 1, "u", "s", 1), *ours, *theirs]]
+    assert history(str(tmp_path / "t"), "id", "name", "score", "seq", START_AT, END_AT) == sorted(
+        oracle(events, ["name", "score"]), key=lambda row: [(v is not None, v) for v in row])
+    assert (len(calls), a.reports[-1].retries) == (2, 1)
