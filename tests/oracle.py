@@ -57,6 +57,36 @@ def expected_global_rows(batches: list[list[Event]]) -> list[dict]:
     return sorted((e._asdict() for e in live), key=lambda r: (r["dt"], r["id"]))
 
 
+def expected_history(batches: list[list[Event]], scope: str = "partitioned") -> list[tuple]:
+    """scd_type = 2, every stored column tracked: (dt, id, ts, op, v, start, end) per version.
+    A key (with its partition in partitioned scope) holds, from each of its sequence values
+    to the next, the event there (a delete beats an upsert; of two upserts the greater
+    (dt, op, v), values in table order; absent after a delete); equal adjacent values are one
+    version, showing its last event. Records without key or ordering, and upserts without
+    their partition, are bad input; in partitioned scope so are deletes without it."""
+    at: dict[tuple, dict[int, Event]] = {}
+    values = (lambda e: (e.dt, e.op, e.v)) if scope == "global" else (lambda e: (e.op, e.v))
+    for e in (e for events in batches for e in events):
+        if e.id is None or e.ts is None or (e.dt is None and (e.op != "d" or scope == "partitioned")):
+            continue
+        held = at.setdefault(e.id if scope == "global" else (e.dt, e.id), {}).get(e.ts)
+        rank = lambda x: (x.op == "d", [(v is not None, v) for v in values(x)])  # noqa: E731
+        if held is None or rank(e) > rank(held):
+            at[e.id if scope == "global" else (e.dt, e.id)][e.ts] = e
+    rows = []
+    for events in at.values():
+        seqs = sorted(events)
+        run: list | None = None  # [start, shown event]
+        for s in [*seqs, None]:
+            e = events.get(s)
+            if run and (e is None or e.op == "d" or values(e) != values(run[1])):
+                rows.append((run[1].dt, run[1].id, run[1].ts, run[1].op, run[1].v, run[0], s))
+                run = None
+            if e is not None and e.op != "d":
+                run = [run[0] if run else s, e]
+    return sorted(rows)
+
+
 def random_global_batches(seed: int, batches: int, per_batch: int, keys: int = 120,
                           days: int = 5) -> list[list[Event]]:
     """Events whose key changes partition at random (moves), key-only deletes (no partition),

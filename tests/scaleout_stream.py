@@ -3,7 +3,8 @@ executors that each keep their replicas in their own local directory, checked ag
 oracle after every batch. Streams: "plain" and "cdf" (partitioned scope, without and with
 the change data feed), "global" (scope "global": moves, key-only deletes, re-sends), "crash"
 (plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
-files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere).
+files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" (plain into an
+SCD type 2 table, the seed its first batch).
 
 Where the scheduler sends a shard's task is up to Spark, and a stream can keep every shard on
 one executor. So in OCCUPIED_BATCHES (but in the crash stream) one executor is kept busy by a
@@ -35,11 +36,19 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from sink.executor import spark_local_dirs
-from tests.oracle import SCHEMA, Event, expected_global_rows, expected_rows, random_events, random_global_batches
+from tests.oracle import (
+    SCHEMA,
+    Event,
+    expected_global_rows,
+    expected_history,
+    expected_rows,
+    random_events,
+    random_global_batches,
+)
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
-STREAMS = ("plain", "cdf", "global", "crash")
+STREAMS = ("plain", "cdf", "global", "crash", "history")
 CRASH_BATCHES = (2, 5)
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
 OCCUPIED_BATCHES = (2, 4, 6)
@@ -135,6 +144,12 @@ def table_rows(uri: str) -> list[dict]:
     return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
 
 
+def history_rows(uri: str) -> list[tuple]:
+    """An SCD type 2 table's versions as `expected_history` gives them."""
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["dt", "id", "ts", "op", "v", "__START_AT", "__END_AT"])
+    return sorted(tuple(r.values()) for r in rows.to_pylist())
+
+
 ARROW_SCHEMA = pa.schema([("id", pa.string()), ("dt", pa.string()), ("ts", pa.int64()), ("op", pa.string()),
                          ("v", pa.string())])
 
@@ -167,15 +182,20 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     scope = "global" if name == "global" else "partitioned"
     cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
-                     num_shards=num_shards, metrics_port=0, bootstrap_days=7)
+                     num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if name == "history" else 1)
     seed = seed_events(keys)
-    seed_table(cfg.table_uri, seed, cdf=name == "cdf")
     if scope == "global":
         stream = random_global_batches(11, batches, per_batch, 2 * keys)  # half the keys new
-        expected = expected_global_rows
+        expected, rows_of = expected_global_rows, table_rows
+    elif name == "history":
+        stream = [seed, *late_batches(11, keys, batches - 1, per_batch, delete_share=0.02)]
+        seed = []
+        expected, rows_of = expected_history, history_rows
     else:
         stream = late_batches(11, keys, batches, per_batch, delete_share=0.02)
-        expected = expected_rows
+        expected, rows_of = expected_rows, table_rows
+    if seed:
+        seed_table(cfg.table_uri, seed, cdf=name == "cdf")
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
     if name == "crash":
         from sink import foreach_batch
@@ -184,7 +204,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     out = {"stream": name, "batches": [], "exact": True}
     last_occupied = None
     for b, events in enumerate(stream):
-        if scope == "partitioned":
+        if scope == "partitioned" and name != "history":  # a history table quarantines them
             # Every other delete carries the key alone, as CDC feeds send them: a key lives in one
             # partition, so the index must find it there (the oracle reads the events as they were).
             events = [e._replace(dt=None) if e.op == "d" and i % 2 else e for i, e in enumerate(events)]
@@ -210,7 +230,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         if occupation:
             occupation.release()
         r = sink.reports[-2 if b == replay_batch else -1]
-        exact = table_rows(cfg.table_uri) == expected([seed, *stream[: b + 1]])
+        exact = rows_of(cfg.table_uri) == expected([seed, *stream[: b + 1]])
         out["exact"] &= exact
         out["batches"].append({
             "batch": b, "exact": exact, "seconds": round(seconds, 3), "mode": r.mode,
@@ -219,7 +239,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
             "invalidated": r.invalidated, "ops": r.ops, "misses": r.misses, "filter_misses": r.filter_misses,
             "without_partition": r.without_partition, "write_seconds": r.write_seconds, "killed": killed,
             "jobs_rerun": r.jobs_rerun, "occupied": occupation is not None,
-            "never_committed": never_committed(cfg.table_uri),
+            "never_committed": never_committed(cfg.table_uri), "version_changes": r.version_changes,
         })
         print(f"{name} batch {b}: exact={exact} {r.summary()} moves={r.shard_moves} "
               f"changelog={r.changelog_applied} rebuilt={r.replicas_rebuilt} loads={r.partition_loads}",
