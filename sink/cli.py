@@ -154,7 +154,7 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
                 results.append({"shard": shard, "loaded": 0, "keys": 0, "seconds": 0.0})
                 continue
             source = ShardSource.open(cfg.table_uri, cfg.resolved_tombstone_uri, version, cfg.key, cfg.ordering_columns,
-                                      shard, num_shards, cfg.partition_by)
+                                      shard, num_shards, cfg.partition_by, cfg.scd_type == 2)
             loaded = bootstrap(replica, source, cfg.partition_by, (cfg.partition_date, cfg.partition_date_format),
                                cfg.tiering_column, cfg.bootstrap_days, now, progress=_bar(shard))
             results.append({"shard": shard, "loaded": loaded.partitions, "keys": loaded.keys,
@@ -199,7 +199,9 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
                     for where, entries in staged.items():
                         held.update(entries)
                         places.update(dict.fromkeys(entries, where))
-                    problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in located))), places)
+                    if cfg.scd_type == 1:  # a history table's key lives in several partitions
+                        problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in located))),
+                                               places)
                 else:
                     keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering_columns, shard, of)
                     held.update(staged.get(pid, {}))

@@ -214,24 +214,21 @@ class SinkConfig:
             _require_columns(name, columns, allow_empty=name == "track_history_except_columns")
             if self.scd_type != 2:
                 raise ConfigError(f"{name} applies to scd_type = 2 only (scd_type = {self.scd_type})")
-            fixed = sorted(set(columns) & {*self.key, *self.partition_by, *self.ordering_columns})
+            fixed = sorted(set(columns) & {*self.identity_columns, *self.ordering_columns})
             if fixed:
                 raise ConfigError(f"{name} names key, partition or ordering column(s) {fixed}: history tracks the "
-                                  "other stored columns (a key's versions share its key and partition, and the "
-                                  "ordering changes with every event)")
+                                  "other stored columns (a key's versions share its key, and in partitioned scope "
+                                  "its partition; the ordering changes with every event)")
         if len(named) == 2:
             raise ConfigError("set track_history_columns or track_history_except_columns, not both")
         if self.scd_type != 2:
             return
-        unsupported = [(self.scope == "global", "scope = 'global'", "scope = 'partitioned'"),
-                       (self.commit_mode == "merge", "commit_mode = 'merge'", "commit_mode = 'auto'")]
-        for refused, setting, accepted in unsupported:
-            if refused:
-                raise ConfigError(f"scd_type = 2 does not support {setting} yet; use {accepted}")
+        if self.commit_mode == "merge":
+            raise ConfigError("scd_type = 2 does not support commit_mode = 'merge' yet; use commit_mode = 'auto'")
 
     def tracked_columns(self, stored: list[str]) -> list[str]:
         """scd_type = 2: of the table's `stored` columns, those whose change opens a version."""
-        fixed = {*self.key, *self.partition_by, *self.ordering_columns}
+        fixed = {*self.identity_columns, *self.ordering_columns}
         values = [c for c in stored if c not in fixed]
         if self.track_history_columns is not None:
             return [c for c in values if c in self.track_history_columns]
@@ -283,10 +280,16 @@ class SinkConfig:
         return dataclasses.replace(self, ordering=ordering if isinstance(self.ordering, list) else ordering[0])
 
     @property
+    def identity_columns(self) -> list[str]:
+        """The columns naming one key of the table: the key, in partitioned scope with its
+        partition (a key in another partition is another key)."""
+        return [*self.key] if self.scope == "global" else [*self.partition_by, *self.key]
+
+    @property
     def tombstone_key(self) -> list[str]:
-        """What one tombstone row stands for: a key (in partitioned scope, a key in its
-        partition); in a history table every delete of it, so its ordering too."""
-        key = [*self.key] if self.scope == "global" else [*self.key, *self.partition_by]
+        """What one tombstone row stands for: a key (`identity_columns`); in a history table
+        every delete of it, so its ordering too."""
+        key = self.identity_columns
         return [*key, *self.ordering_columns] if self.scd_type == 2 else key
 
     @property

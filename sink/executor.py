@@ -36,7 +36,7 @@ from deltalake import DeltaTable
 from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
-from sink.index import changelog
+from sink.index import changelog, history_locations
 from sink.index.catchup import catch_up
 from sink.index.entry import expire_before, ordering_names
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions, table_partitions
@@ -104,6 +104,9 @@ class TaskContext:
     tombstone_ttl_seconds: int | None = None  # stored deletes older than this count as absent
     deletes: bool = False  # the stream marks deletes (delete_when)
     write_files: bool = False  # Spark tasks write the batch's files: output shaped for them
+    # A history table (scd_type 2): in global scope an entry locates a key in every partition
+    # its events named (sink.index.history_locations).
+    history: bool = False
 
     @property
     def expire_before(self) -> int | None:
@@ -281,7 +284,8 @@ class LazySource:
         if self._source is None:
             ctx = self._ctx
             self._source = ShardSource.open(ctx.table_uri, ctx.tombstone_uri, ctx.table_version, ctx.key_cols,
-                                            ctx.ordering, self._shard, ctx.num_shards, ctx.partition_cols)
+                                            ctx.ordering, self._shard, ctx.num_shards, ctx.partition_cols,
+                                            ctx.history)
         return self._source
 
 
@@ -355,8 +359,17 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         expiry = {"now": int(ctx.now), "expire_before": ctx.expire_before}
         clock.lap("inputs")
         if located:
-            result = tag_global(*inputs, clock.timed("lookup", lambda ks: replica.lookup_packed(GLOBAL, ks)),
-                                ctx.incoming_wins_ties, **expiry)
+            answered: list = [[], []]  # the keys looked up and their entries
+
+            def lookup(looked_up: list[bytes]):
+                answered[:] = [looked_up, replica.lookup_packed(GLOBAL, looked_up)]
+                return answered[1]
+
+            result = tag_global(*inputs, clock.timed("lookup", lookup), ctx.incoming_wins_ties, **expiry)
+            if ctx.history:
+                changes, stored = history_locations.widen(result.changes, inputs[0], pids, *answered,
+                                                          len(ctx.ordering))
+                result = dataclasses.replace(result, changes=changes, stored_at=stored)
             clock.lap("classify")
         else:
             shield = None
@@ -399,7 +412,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
     )
     if ctx.changelog_uri:
         changelog.write(ctx.changelog_uri, ctx.table_version, ctx.changelog_header(), shard,
-                        _changelog_entries(ctx, tagged, pids))
+                        result.changes if located and ctx.history else _changelog_entries(ctx, tagged, pids))
     clock.lap("output")
     stats["tag_seconds"] += clock.total
     return tagged if quarantined is None else pa.concat_tables([tagged.cast(ctx.output_schema), quarantined])

@@ -40,7 +40,7 @@ from sink.executor import (
     tag_locally,
 )
 from sink.history import HISTORY_COLUMNS, HistoryColumns, events_schema, history_fields
-from sink.index import changelog
+from sink.index import changelog, history_locations
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
@@ -57,7 +57,7 @@ from sink.lakehouse.delta_rs import (
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns, check_history_columns
-from sink.lakehouse.versions import KNOWN_COLUMN, VERSION_CHANGES, HistoryWrites, free_deletes
+from sink.lakehouse.versions import PID_COLUMN, VERSION_CHANGES, HistoryWrites, free_deletes
 from sink.lakehouse.writes import conform
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED, record_partitions
@@ -283,12 +283,12 @@ class UpsertSink:
         return pa.schema([*stored, *history_fields(stored, self._history_columns(stored))])
 
     def _history_columns(self, schema: pa.Schema) -> HistoryColumns:
-        """scd_type = 2: the history's columns in a table of `schema`; a key's history is per
-        partition (scope = 'partitioned')."""
+        """scd_type = 2: the history's columns in a table of `schema`. A key's history is per
+        partition in partitioned scope; in global scope the partition columns are values."""
         cfg = self.config
-        fixed = {*cfg.key, *cfg.partition_by, *cfg.ordering_columns, *HISTORY_COLUMNS}
+        fixed = {*cfg.identity_columns, *cfg.ordering_columns, *HISTORY_COLUMNS}
         values = [f.name for f in schema if f.name not in fixed]
-        return HistoryColumns(key=(*cfg.partition_by, *cfg.key), ordering=tuple(cfg.ordering_columns),
+        return HistoryColumns(key=tuple(cfg.identity_columns), ordering=tuple(cfg.ordering_columns),
                               delete=C.DELETE, values=tuple(values), tracked=tuple(cfg.tracked_columns(values)),
                               fill_nulls=cfg.ignore_null_updates)
 
@@ -477,6 +477,7 @@ class UpsertSink:
             # Executors write the batch's files where the table allows (else the driver commits
             # from the records: a MERGE, or a history table's rebuild).
             write_files=not self._on_driver and cfg.scd_type == 1 and self._target.update_mode() == "rewrite",
+            history=cfg.scd_type == 2,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -657,17 +658,32 @@ class UpsertSink:
         cols = self._history_columns(schema)
         valid = records.filter(pc.is_null(records.column(C.REASON)))
         pids = keys.partition_ids(valid, cfg.partition_by)
-        groups = pc.binary_join_element_wise(pids, valid.column(C.KEY), "\x00")
+        located = cfg.scope == "global"
+        groups = valid.column(C.KEY) if located else pc.binary_join_element_wise(pids, valid.column(C.KEY), "\x00")
         known = pc.is_in(groups, value_set=groups.filter(pc.fill_null(valid.column(C.HIT), False)))
-        events = conform(valid, events_schema(schema, cols)).append_column(KNOWN_COLUMN, known)
+        events = conform(valid, events_schema(schema, cols))
         upserts = pc.invert(valid.column(C.DELETE))
         report.ops = {**dict.fromkeys(OUTCOMES, 0), QUARANTINED: report.ops[QUARANTINED],
                       INSERT: _count(pc.and_(upserts, pc.invert(known))), UPDATE: _count(pc.and_(upserts, known)),
                       DELETE: _count(valid.column(C.DELETE))}
-        free = free_deletes(self._target.table, cfg.resolved_tombstone_uri,
-                            pc.unique(pids.filter(known)).to_pylist(), cols, schema, cfg.tombstone_ttl_seconds, ctx.now)
+        # Where the table may hold the known keys: their partition, or in global scope every
+        # partition the index lists for them (sink.index.history_locations).
+        probes = valid.filter(known).select(list(cfg.key))
+        if located:
+            lists = pc.split_pattern(valid.column(C.STORED_AT).filter(known), history_locations.SEPARATOR)
+            probes = probes.take(pc.list_parent_indices(lists))
+            reads = probes.append_column(PID_COLUMN, pc.list_flatten(lists))
+            reads = reads.filter(pc.not_equal(reads.column(PID_COLUMN), ""))
+            # Deletes that named no partition are kept in the tombstone table's null partition.
+            nowhere = [keys.null_partition_id(cfg.partition_by)] if cfg.partition_by and probes.num_rows else []
+            tombstone_pids = [*pc.unique(reads.column(PID_COLUMN)).to_pylist(), *nowhere]
+        else:
+            reads = probes.append_column(PID_COLUMN, pids.filter(known))
+            tombstone_pids = pc.unique(reads.column(PID_COLUMN)).to_pylist()
+        free = free_deletes(self._target.table, cfg.resolved_tombstone_uri, tombstone_pids, cols, schema,
+                            cfg.tombstone_ttl_seconds, ctx.now)
         outcome, done = self._target.commit_history(
-            HistoryWrites(events, free, schema, cols, list(cfg.key), list(cfg.partition_by)),
+            HistoryWrites(events, reads, free, schema, cols, list(cfg.key), list(cfg.partition_by)),
             self.writer_id, ctx.batch_id, self._commit_metadata(ctx, shards), added)
         report.record(outcome)
         report.versions_written, report.versions_replaced = done.versions_written, done.versions_replaced

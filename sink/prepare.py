@@ -107,8 +107,9 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
     checks += [(f"{col(c)} IS NULL", f"null key column {c}") for c in cfg.key]
     # The index knows where a key lives: a delete needs no partition (global scope: the
     # keyspace says; partitioned scope: sink.placement looks in every partition). A history
-    # table (scd_type 2) places every event by its own partition.
-    upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.delete_when and cfg.scd_type != 2 else ""
+    # table in partitioned scope places every event by its own partition.
+    located = cfg.scd_type == 1 or cfg.scope == "global"
+    upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.delete_when and located else ""
     for c in cfg.partition_by:
         checks.append((f"{col(c)} IS NULL{upsert}", f"{NULL_PARTITION} {c}"))
         if isinstance(schema[c].dataType, StringType):

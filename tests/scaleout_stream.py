@@ -3,8 +3,8 @@ executors that each keep their replicas in their own local directory, checked ag
 oracle after every batch. Streams: "plain" and "cdf" (partitioned scope, without and with
 the change data feed), "global" (scope "global": moves, key-only deletes, re-sends), "crash"
 (plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
-files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" (plain into an
-SCD type 2 table, the seed its first batch).
+files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" and
+"global-history" (plain and global into an SCD type 2 table, the seed its first batch).
 
 Where the scheduler sends a shard's task is up to Spark, and a stream can keep every shard on
 one executor. So in OCCUPIED_BATCHES (but in the crash stream) one executor is kept busy by a
@@ -48,7 +48,7 @@ from tests.oracle import (
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
-STREAMS = ("plain", "cdf", "global", "crash", "history")
+STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history")
 CRASH_BATCHES = (2, 5)
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
 OCCUPIED_BATCHES = (2, 4, 6)
@@ -179,22 +179,22 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     some by key alone and re-sends earlier records."""
     from sink import SinkConfig, UpsertSink
 
-    scope = "global" if name == "global" else "partitioned"
+    scope = "global" if name.startswith("global") else "partitioned"
+    history = name.endswith("history")
     cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
-                     num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if name == "history" else 1)
+                     num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if history else 1)
     seed = seed_events(keys)
     if scope == "global":
-        stream = random_global_batches(11, batches, per_batch, 2 * keys)  # half the keys new
+        stream = random_global_batches(11, batches - history, per_batch, 2 * keys)  # half the keys new
         expected, rows_of = expected_global_rows, table_rows
-    elif name == "history":
-        stream = [seed, *late_batches(11, keys, batches - 1, per_batch, delete_share=0.02)]
-        seed = []
-        expected, rows_of = expected_history, history_rows
     else:
-        stream = late_batches(11, keys, batches, per_batch, delete_share=0.02)
+        stream = late_batches(11, keys, batches - history, per_batch, delete_share=0.02)
         expected, rows_of = expected_rows, table_rows
-    if seed:
+    if history:
+        stream, seed = [seed, *stream], []
+        expected, rows_of = functools.partial(expected_history, scope=scope), history_rows
+    else:
         seed_table(cfg.table_uri, seed, cdf=name == "cdf")
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
     if name == "crash":
@@ -204,7 +204,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     out = {"stream": name, "batches": [], "exact": True}
     last_occupied = None
     for b, events in enumerate(stream):
-        if scope == "partitioned" and name != "history":  # a history table quarantines them
+        if scope == "partitioned" and not history:  # a history table quarantines them
             # Every other delete carries the key alone, as CDC feeds send them: a key lives in one
             # partition, so the index must find it there (the oracle reads the events as they were).
             events = [e._replace(dt=None) if e.op == "d" and i % 2 else e for i, e in enumerate(events)]

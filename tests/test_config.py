@@ -100,6 +100,7 @@ def test_auto_tags_on_the_driver_only_when_one_process_runs_everything(master, o
 
 def test_a_tombstone_row_stands_for_a_key_in_its_partition_or_for_each_delete_of_a_history():
     base = dict(table_uri="t", key=["id"], partition_by=["dt"], ordering="seq", writer_id="w")
-    assert SinkConfig(**base).tombstone_key == ["id", "dt"]
+    assert SinkConfig(**base).tombstone_key == ["dt", "id"]
     assert SinkConfig(**base, scope="global").tombstone_key == ["id"]
-    assert SinkConfig(**base, scd_type=2).tombstone_key == ["id", "dt", "seq"]
+    assert SinkConfig(**base, scd_type=2).tombstone_key == ["dt", "id", "seq"]
+    assert SinkConfig(**base, scd_type=2, scope="global").tombstone_key == ["id", "seq"]

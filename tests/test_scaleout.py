@@ -62,9 +62,9 @@ def test_every_shard_moving_every_batch_catches_up_from_the_changelog(spark, tmp
 @pytest.fixture(scope="module")
 def two_executors(tmp_path_factory) -> list[dict]:
     """The scale-out streams (partitioned scope with and without the change data feed, global
-    scope, an SCD type 2 table) on Spark's local-cluster: two executor JVMs, each keeping its replicas under its
-    own local dir (the default index dir), as on two machines. One application, in a child
-    process."""
+    scope, SCD type 2 tables in both scopes) on Spark's local-cluster: two executor JVMs,
+    each keeping its replicas under its own local dir (the default index dir), as on two
+    machines. One application, in a child process."""
     work = tmp_path_factory.mktemp("two-executors")
     out = work / "result.json"
     run = subprocess.run([sys.executable, "-m", "tests.scaleout_stream", "--master", "local-cluster[2,1,1024]",
@@ -131,10 +131,13 @@ def test_executors_write_the_files_and_a_task_killed_with_its_executor_commits_n
     assert left[: killed[0]] == [0] * killed[0] and left[killed[0]] > 0 and left[-1] > left[killed[0]]
 
 
-def test_two_executors_keep_a_history_table_exact_as_late_events_split_versions(two_executors):
-    """scd_type = 2 tagged on two executors while shards move: every batch's table is the
-    oracle's history, and late events split versions."""
-    stream = next(s for s in two_executors if s["stream"] == "history")
+@pytest.mark.parametrize("name", ["history", "global-history"])
+def test_two_executors_keep_a_history_table_exact_as_late_events_split_versions(two_executors, name):
+    """scd_type = 2 tagged on two executors while shards move, in both scopes: every batch's
+    table is the oracle's history, and late events split versions. In global scope keys move
+    between partitions and deletes name none: the index lists every partition of a key, and
+    the executors that tag a shard next take the lists from the changelog."""
+    stream = next(s for s in two_executors if s["stream"] == name)
     batches = stream["batches"]
     assert [b["exact"] for b in batches] == [True] * len(batches)
     assert [b["mode"] for b in batches] == ["append"] + ["rewrite"] * (len(batches) - 1)

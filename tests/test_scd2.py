@@ -12,7 +12,9 @@ from sink.history import END_AT, RUN_EVENTS, START_AT
 from sink.lakehouse import versions
 from sink.lakehouse.rewrite import matching_files
 from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY
-from tests.oracle import verify_replicas
+from tests.oracle import SCHEMA as EVENT_SCHEMA
+from tests.oracle import expected_history, random_global_batches, verify_replicas
+from tests.scaleout_stream import history_rows
 from tests.test_history import HANDLER_CASES, oracle
 
 pytestmark = pytest.mark.spark
@@ -168,7 +170,7 @@ def test_tracked_columns_must_be_stored_columns(spark, tmp_path):
     ({"scd_type": 3}, r"scd_type = 3 is not accepted; accepted values: \[1, 2\]"),
     ({"track_history_columns": ["name"], "track_history_except_columns": ["city"]}, "not both"),
     ({"track_history_columns": ["userId"]}, "key, partition or ordering"),
-    ({"scope": "global"}, "scope = 'global'"),
+    ({"track_history_columns": ["city"], "partition_by": ["city"]}, r"partition or ordering column\(s\) \['city'\]"),
     ({"commit_mode": "merge"}, "commit_mode = 'merge'"),
 ])
 def test_history_config_errors_name_the_key(tmp_path, extra, message):
@@ -407,3 +409,27 @@ def test_a_second_writer_committing_between_tagging_and_commit_makes_the_batch_r
     assert history(str(tmp_path / "t"), "id", "name", "score", "seq", START_AT, END_AT) == sorted(
         oracle(events, ["name", "score"]), key=lambda row: [(v is not None, v) for v in row])
     assert (len(calls), a.reports[-1].retries) == (2, 1)
+
+
+@pytest.mark.parametrize("tag_on, seed", [("driver", 0), ("executors", 1), ("driver", 2)])
+def test_global_scope_keeps_a_moving_keys_versions_in_their_own_partitions(spark, tmp_path, tag_on, seed):
+    """scope = 'global': a key's events name any partition (moves), deletes often none, and
+    records come again. Each version lives in its own event's partition, the key's history
+    spans them, and the table equals the oracle's history after every batch: with a new
+    sink and index before every other batch (the index rebuilt from the table and the
+    tombstones), tagged in the driver or in Spark tasks."""
+    events = random_global_batches(seed, batches=6, per_batch=60, keys=25, days=3)
+    cfg = dict(table_uri=str(tmp_path / "t"), key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
+               scope="global", scd_type=2, writer_id="w", num_shards=2, metrics_port=0, tag_on=tag_on)
+    sink = None
+    for b, batch in enumerate(events):
+        if b % 2 == 0:
+            sink = UpsertSink(SinkConfig(index_dir=str(tmp_path / f"index-{b}"), **cfg))
+        sink(spark.createDataFrame(batch, EVENT_SCHEMA), b)
+        assert sink.reports[-1].ops["quarantined"] == 0
+        assert history_rows(cfg["table_uri"]) == expected_history(events[: b + 1], scope="global"), f"batch {b}"
+    partitions_of: dict[str, set] = {}
+    for dt, key, *_ in history_rows(cfg["table_uri"]):
+        partitions_of.setdefault(key, set()).add(dt)
+    assert any(len(dts) > 1 for dts in partitions_of.values()), "no key has versions in several partitions"
+    verify_replicas(sink.config)

@@ -38,14 +38,15 @@ class ShardSource:
     shard: int
     num_shards: int
     partition_cols: tuple[str, ...] = ()  # global scope: where each key lives
+    history: bool = False  # a history table (scd_type 2): global entries list a key's partitions
 
     @classmethod
     def open(cls, table_uri: str, tombstone_uri: str, version: int, key_cols, ordering: str | Sequence[str],
-             shard: int, num_shards: int, partition_cols=()) -> ShardSource:
+             shard: int, num_shards: int, partition_cols=(), history: bool = False) -> ShardSource:
         """The table at `version` and the tombstone table, if there is one yet."""
         tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
         return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols),
-                   tuple(columns_of(ordering)), shard, num_shards, tuple(partition_cols))
+                   tuple(columns_of(ordering)), shard, num_shards, tuple(partition_cols), history)
 
     def read(self, pid: str) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """Keys and packed entries of one partition (one chunk), or of the whole shard for
@@ -55,7 +56,7 @@ class ShardSource:
             return [read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
                                    self.num_shards)]
         read = read_global(self.table, self.tombstones, self.key_cols, self.partition_cols, self.ordering,
-                           self.shard, self.num_shards)
+                           self.shard, self.num_shards, self.history)
         if read.keys_in_several_partitions:
             log.warning("shard %s: %s key(s) have rows in several partitions of %s (scope = 'global' keeps one "
                         "row per key); the index follows each key's newest row", self.shard,

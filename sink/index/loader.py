@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sink import keys
+from sink.index import history_locations
 from sink.index.entry import Entry, pack_located_many, pack_many
 from sink.lakehouse.predicates import partition_predicate
 from sink.ordering import arrow_greater, columns_of, stack
@@ -112,21 +113,30 @@ def read_global(
     ordering: str | Sequence[str],
     shard: int,
     num_shards: int,
+    history: bool = False,
 ) -> GlobalRead:
     """Every key of `shard` in the table, with the partition it lives in, overlaid with
     tombstones as `read_partition` does (a delete of a key with no row stays where its
     delete record put it, "" when that named no partition). The table is read batch by
-    batch, keeping only this shard's keys as Arrow columns."""
+    batch, keeping only this shard's keys as Arrow columns. A `history` table's key is in
+    every partition holding a version or a stored delete of it (sink.index.history_locations)."""
     ordering = columns_of(ordering)
     width = len(ordering)
     columns = [*key_cols, *partition_cols, *ordering]
     parts = [_located(pa.Table.from_batches([batch]), key_cols, partition_cols, ordering, shard, num_shards)
              for batch in pa.RecordBatchReader.from_stream(table.scan(columns=columns))]
-    live, spread = _one_per_key(pa.concat_tables([_empty(width, located=True), *parts]), width)
+    rows = pa.concat_tables([_empty(width, located=True), *parts])
+    live, spread = _one_per_key(rows, width)
     if tombstones is not None:
-        tomb, _ = _one_per_key(_located(committed_tombstones(table, tombstones, None, columns), key_cols,
-                                        partition_cols, ordering, shard, num_shards, stamped=True), width)
+        tomb_rows = _located(committed_tombstones(table, tombstones, None, columns), key_cols, partition_cols,
+                             ordering, shard, num_shards, stamped=True)
+        tomb, _ = _one_per_key(tomb_rows, width)
         live = _overlay(live, tomb, width, located=True)
+        rows = pa.concat_tables([rows, tomb_rows.drop_columns(["at"])])
+    if history:
+        lists = history_locations.partition_lists(rows.column("k"), rows.column("l"))
+        live = live.drop_columns(["l"]).join(lists, "k", join_type="left outer")
+        spread = 0  # a history table keeps a key's versions where their values say
     return GlobalRead(live.take(pc.sort_indices(live, [("k", "ascending")])), spread, width)
 
 

@@ -2,10 +2,12 @@
 
 A key the table holds (the index found it) gets its history rebuilt from the events its stored
 versions keep (`sink.history`), the deletes of it the tombstone table keeps, and the batch's
-events. Only the files of the key's partition are probed, on their key columns, and those
-holding a batch key are read and rewritten with the keys' new versions. A key new to the
-table gets its history from the batch's events alone, written to a new file. The driver
-commits the files in one commit with the app transaction, as the type 1 rewrite's.
+events. Only the files of the partitions the index places the key in are probed, on their
+key columns (its partition; in global scope every partition its events named), and those
+holding a batch key are read and rewritten with the keys' new versions, each version in the
+partition its values name. A key new to the table gets its history from the batch's events
+alone, written to a new file. The driver commits the files in one commit with the app
+transaction, as the type 1 rewrite's.
 """
 
 from __future__ import annotations
@@ -30,18 +32,21 @@ from sink.lakehouse.rewrite import Rewrite, StoredFile, matching_files, row_keys
 from sink.lakehouse.writes import conform, partition_string
 from sink.tombstones import expired_rows
 
-# Per event of `HistoryWrites.events`: whether the index holds its key (False: new to the table).
-KNOWN_COLUMN = "__sink_known"
 VERSION_CHANGES = ("opened", "closed", "split")
+# The partition column of `HistoryWrites.reads`.
+PID_COLUMN = "__sink_pid"
 
 
 @dataclass(frozen=True)
 class HistoryWrites:
-    """`events`: the batch's events (the columns of `cols`'s events table, with `cols.delete`)
-    plus KNOWN_COLUMN; `free`: the deletes the tombstone table keeps of known keys (events);
-    `schema`: the table's. `cols.key` is the partition columns, then the key columns."""
+    """`events`: the batch's events (the columns of `cols`'s events table, with `cols.delete`);
+    `reads`: where the table may hold the keys the index knows (PID_COLUMN, a partition id,
+    and `key_cols`); `free`: the deletes the tombstone table keeps of them (events);
+    `schema`: the table's. `cols.key` is the key, with the partition columns in
+    partitioned scope (in global scope they are values)."""
 
     events: pa.Table
+    reads: pa.Table
     free: pa.Table
     schema: pa.Schema
     cols: HistoryColumns
@@ -59,18 +64,17 @@ class HistoryRewrite:
     changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))
 
 
-
 def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites) -> HistoryRewrite:
     """Read the files holding known keys (a task per partition, in threads), rebuild every
     key's history at once, write each partition's files (in threads)."""
     cols, schema = writes.cols, writes.schema
-    events = writes.events
-    groups = _by_partition(events, writes.partition_by)
+    reads = _by_pid(writes.reads)
     fs, root = filesystem(uri)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        stored = dict(zip(groups, pool.map(lambda pid: _stored(fs, root, snapshot.get(pid, []), groups[pid], writes),
-                                           groups)))
+        stored = dict(zip(reads, pool.map(lambda pid: _stored(fs, root, snapshot.get(pid, []), reads[pid], writes),
+                                          reads)))
         before = pa.concat_tables([schema.empty_table(), *(s.before for s in stored.values())])
+        events = writes.events
         free = _of_keys(writes.free, events, cols.key) if writes.free.num_rows else writes.free
         shape = events_schema(schema, cols)
         history = build(pa.concat_tables([events_of(History(before, free), cols).cast(shape),
@@ -80,20 +84,21 @@ def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: Histo
         data_schema = pa.schema([f for f in schema if f.name not in writes.partition_by])
 
         def write(pid: str) -> HistoryRewrite:
-            old, new = stored[pid], after.get(pid, schema.empty_table())
-            if old.new_keys == 0 and _same(old.before, new, cols):
+            old = stored.get(pid) or _Stored([], [], schema.empty_table())
+            new = after.get(pid, schema.empty_table())
+            if _same(old.before, new, cols):
                 return HistoryRewrite(Rewrite([], []), 0, 0)  # events the history already holds
-            values = {c: partition_string(groups[pid].column(c)[0].as_py()) for c in writes.partition_by}
-            # Stored keys' versions go back to the first file read, new keys' as inserts do.
-            known = groups[pid].filter(groups[pid].column(KNOWN_COLUMN))
-            stored_key = pc.is_in(row_keys(new, writes.key_cols), value_set=row_keys(known, writes.key_cols))
-            rebuilt, fresh = new.filter(stored_key), new.filter(pc.invert(stored_key))
+            values = ({c: partition_string(new.column(c)[0].as_py()) for c in writes.partition_by} if new.num_rows
+                      else old.removed[0].partition_values)
+            # Versions of keys found here go back to the first file read, others' as inserts do.
+            found = pc.is_in(row_keys(new, writes.key_cols), value_set=row_keys(old.before, writes.key_cols))
+            rebuilt, fresh = new.filter(found), new.filter(pc.invert(found))
             files = [pa.concat_tables([old.kept[0], rebuilt]), *old.kept[1:]] if old.kept else [rebuilt]
             outputs = [t for t in with_inserts(files, fresh) if t.num_rows]
             return HistoryRewrite(Rewrite([write_file(fs, root, t, values, data_schema) for t in outputs],
                                           old.removed), new.num_rows, old.before.num_rows)
 
-        done = list(pool.map(write, groups))
+        done = list(pool.map(write, list(dict.fromkeys([*stored, *after]))))
     rewrite = Rewrite([a for d in done for a in d.rewrite.adds], [f for d in done for f in d.rewrite.removes])
     return HistoryRewrite(rewrite, sum(d.versions_written for d in done), sum(d.versions_replaced for d in done),
                           changes)
@@ -139,25 +144,32 @@ class _Stored:
     kept: list[pa.Table]  # rows of other keys, per file read
     removed: list[StoredFile]  # the files read
     before: pa.Table  # the versions of the batch's keys
-    new_keys: int  # events of keys new to the table
 
 
-def _stored(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], events: pa.Table,
+def _stored(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], probe: pa.Table,
             writes: HistoryWrites) -> _Stored:
+    """The rows of one partition's `files` holding a key of `probe` (`writes.key_cols`)."""
     schema = writes.schema
-    known = events.filter(events.column(KNOWN_COLUMN))
     kept, removed, before = [], [], [schema.empty_table()]
-    if known.num_rows:
-        values = {c: partition_string(events.column(c)[0].as_py()) for c in writes.partition_by}
+    if files:
         key_schema = pa.schema([schema.field(c) for c in writes.key_cols])
-        incoming = pc.unique(row_keys(conform(known, key_schema), writes.key_cols))
-        for f, rows, at in matching_files(fs, root, files, incoming, writes.key_cols, values, schema):
+        incoming = pc.unique(row_keys(conform(probe, key_schema), writes.key_cols))
+        for f, rows, at in matching_files(fs, root, files, incoming, writes.key_cols, files[0].partition_values,
+                                          schema):
             touched = pc.is_valid(at)
             kept.append(rows.filter(pc.invert(touched)))
             before.append(rows.filter(touched))
             removed.append(f)
-    return _Stored([t for t in kept if t.num_rows], removed, pa.concat_tables(before),
-                   events.num_rows - known.num_rows)
+    return _Stored([t for t in kept if t.num_rows], removed, pa.concat_tables(before))
+
+
+def _by_pid(reads: pa.Table) -> dict[str, pa.Table]:
+    """`reads` by partition id."""
+    if not reads.num_rows:
+        return {}
+    encoded = pc.dictionary_encode(reads.column(PID_COLUMN)).combine_chunks()
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    return {pid: reads.filter(pa.array(codes == i)) for i, pid in enumerate(encoded.dictionary.to_pylist())}
 
 
 def _by_partition(rows: pa.Table, partition_by: Sequence[str]) -> dict[str, pa.Table]:
