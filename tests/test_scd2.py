@@ -1,6 +1,10 @@
 """scd_type = 2 through the sink: history tables from the published examples, any batching."""
 
 import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -11,10 +15,11 @@ from sink.errors import ConfigError, ContractMismatchError, SchemaError
 from sink.history import END_AT, RUN_EVENTS, START_AT
 from sink.lakehouse import versions
 from sink.lakehouse.rewrite import matching_files
+from tests import history_crash
 from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY
 from tests.oracle import SCHEMA as EVENT_SCHEMA
 from tests.oracle import expected_history, random_global_batches, verify_replicas
-from tests.scaleout_stream import history_rows
+from tests.scaleout_stream import history_rows, never_committed
 from tests.test_history import HANDLER_CASES, oracle
 
 pytestmark = pytest.mark.spark
@@ -433,3 +438,31 @@ def test_global_scope_keeps_a_moving_keys_versions_in_their_own_partitions(spark
         partitions_of.setdefault(key, set()).add(dt)
     assert any(len(dts) > 1 for dts in partitions_of.values()), "no key has versions in several partitions"
     verify_replicas(sink.config)
+
+
+@pytest.mark.parametrize("scope, point", [("partitioned", "written"), ("global", "committed"),
+                                          ("global", "written")])
+def test_a_driver_killed_inside_a_history_commit_resumes_to_the_oracles_history(spark, tmp_path, scope, point):
+    """kill -9 of the driver after a history batch's files are written (they are never
+    committed) or once its commit landed (the replay is skipped). The restarted query hands
+    the batch again, on a replica the killed process left dirty (wiped and rebuilt from the
+    table and the tombstones), and the table equals the oracle's history after every batch."""
+    run = subprocess.run([sys.executable, "-m", "tests.history_crash", "--work", str(tmp_path), "--scope", scope,
+                          "--point", point], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+    batches = history_crash.stream(scope)
+    cfg = history_crash.config(tmp_path, scope)
+    landed = history_crash.CRASH_BATCH + (point == "committed")
+    assert history_rows(cfg.table_uri) == expected_history(batches[:landed], scope=scope)
+    orphans = never_committed(cfg.table_uri)
+    assert orphans > 0 if point == "written" else orphans == 0
+    sink = UpsertSink(cfg)  # the restarted query
+    for b in range(history_crash.CRASH_BATCH, len(batches)):
+        sink(spark.createDataFrame(batches[b], EVENT_SCHEMA), b)
+        assert sink.reports[-1].mode == ("skipped" if b < landed else "rewrite"), b
+        assert history_rows(cfg.table_uri) == expected_history(batches[: b + 1], scope=scope), f"batch {b}"
+    assert never_committed(cfg.table_uri) == orphans  # the killed attempt's files stay uncommitted
+    assert sum(r.replicas_rebuilt for r in sink.reports) > 0  # the dirty replicas were wiped
+    sink.close()
+    verify_replicas(cfg)
