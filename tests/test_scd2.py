@@ -18,7 +18,7 @@ from sink.lakehouse.rewrite import matching_files
 from tests import history_crash
 from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY
 from tests.oracle import SCHEMA as EVENT_SCHEMA
-from tests.oracle import expected_history, random_global_batches, verify_replicas
+from tests.oracle import Event, expected_history, random_global_batches, verify_replicas
 from tests.scaleout_stream import history_rows, never_committed
 from tests.test_history import HANDLER_CASES, oracle
 
@@ -466,3 +466,35 @@ def test_a_driver_killed_inside_a_history_commit_resumes_to_the_oracles_history(
     assert sum(r.replicas_rebuilt for r in sink.reports) > 0  # the dirty replicas were wiped
     sink.close()
     verify_replicas(cfg)
+
+
+def test_in_global_scope_a_second_writers_move_between_tagging_and_commit_is_rebuilt_from(spark, tmp_path):
+    """Writer b moves key k into another partition after writer a tagged its batch: a tags
+    again on an index reloaded from the table, whose list for k now names b's partition,
+    and k's history spans all three partitions as the oracle's does."""
+    def sink(name):
+        return UpsertSink(SinkConfig(
+            table_uri=str(tmp_path / "t"), key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
+            scope="global", scd_type=2, writer_id=f"w-{name}", num_shards=2, metrics_port=0,
+            index_dir=str(tmp_path / f"index-{name}"), max_commit_retries=1))
+    a, b = sink("a"), sink("b")
+    seed = [Event("k", "2025-01-01", 1, "u", "seed"), Event("j", "2025-01-01", 1, "u", "j")]
+    ours = [Event("k", "2025-01-01", 5, "u", "ours"), Event("k", "2025-01-03", 2, "u", "late"),
+            Event("j", None, 4, "d", "gone")]
+    theirs = [Event("k", "2025-01-02", 3, "u", "theirs")]
+    a(spark.createDataFrame(seed, EVENT_SCHEMA), 0)
+    commit = a._target.commit_history
+    calls = []
+
+    def b_gets_there_first(*args, **kwargs):
+        if not calls:
+            b(spark.createDataFrame(theirs, EVENT_SCHEMA), 0)
+        calls.append(1)
+        return commit(*args, **kwargs)
+
+    a._target.commit_history = b_gets_there_first
+    a(spark.createDataFrame(ours, EVENT_SCHEMA), 1)
+    assert (len(calls), a.reports[-1].retries) == (2, 1)
+    assert history_rows(str(tmp_path / "t")) == expected_history([seed, theirs, ours], scope="global")
+    assert {dt for dt, key, *_ in history_rows(str(tmp_path / "t")) if key == "k"} == {
+        "2025-01-01", "2025-01-02", "2025-01-03"}
