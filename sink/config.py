@@ -221,10 +221,6 @@ class SinkConfig:
                                   "its partition; the ordering changes with every event)")
         if len(named) == 2:
             raise ConfigError("set track_history_columns or track_history_except_columns, not both")
-        if self.scd_type != 2:
-            return
-        if self.commit_mode == "merge":
-            raise ConfigError("scd_type = 2 does not support commit_mode = 'merge' yet; use commit_mode = 'auto'")
 
     def tracked_columns(self, stored: list[str]) -> list[str]:
         """scd_type = 2: of the table's `stored` columns, those whose change opens a version."""

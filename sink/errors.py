@@ -41,4 +41,4 @@ class CommitCheckError(SinkError):
 
 class UnsupportedTableError(SinkError):
     """The table uses a feature the batch's commit path cannot honour and has no fallback for
-    (a history table with a change data feed, say): nothing was written."""
+    (a history table with deletion vectors, say): nothing was written."""

@@ -4,8 +4,11 @@ import random
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import REGISTRY
@@ -176,7 +179,6 @@ def test_tracked_columns_must_be_stored_columns(spark, tmp_path):
     ({"track_history_columns": ["name"], "track_history_except_columns": ["city"]}, "not both"),
     ({"track_history_columns": ["userId"]}, "key, partition or ordering"),
     ({"track_history_columns": ["city"], "partition_by": ["city"]}, r"partition or ordering column\(s\) \['city'\]"),
-    ({"commit_mode": "merge"}, "commit_mode = 'merge'"),
 ])
 def test_history_config_errors_name_the_key(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -262,13 +264,45 @@ def test_a_remembered_delete_expires_with_the_tombstone_ttl_whatever_the_index_h
         (7, "Ana", 10, None), (8, "Bo", 10, None)]
 
 
-def test_a_history_table_with_a_feature_only_merge_honours_is_refused_before_writing(spark, tmp_path):
+@pytest.mark.parametrize("feature", ["change data feed", "CHECK constraints"])
+def test_a_history_table_only_a_merge_can_write_commits_through_merge(spark, tmp_path, feature):
+    """A change data feed or a CHECK constraint keeps a history table's batches on MERGE
+    (matching versions on key, partition and START_AT): the table is the docs' 7 rows, and
+    the feed's changes of the MERGE are exactly the rows it removed and added."""
+    uri = str(tmp_path / "users")
     sink = UpsertSink(users_config(tmp_path))
     sink(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
-    table = DeltaTable(str(tmp_path / "users"))
-    table.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    table = DeltaTable(uri)
+    if feature == "change data feed":
+        table.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    else:
+        table.alter.add_constraint({"known_user": "userId > 0"})
+    before = DeltaTable(uri).to_pyarrow_table()
+    sink(spark.createDataFrame(USER_CHANGES[4:], USERS), 1)
+    report = sink.reports[-1]
+    assert report.mode == "merge" and report.versions_written > 0
+    assert history(uri, "userId", "name", "city", START_AT, END_AT) == sorted(USER_VERSIONS, key=repr)
+    if feature == "change data feed":
+        def rows(t):
+            return sorted(repr(sorted(r.items())) for r in t.to_pylist())
+        after = DeltaTable(uri).to_pyarrow_table()
+        feed = pa.table(DeltaTable(uri).load_cdf(starting_version=report.table_version).read_all())
+        changes = pa.table([feed.column(f.name).cast(f.type) for f in after.schema], schema=after.schema)
+        kind = feed.column("_change_type").cast(pa.string())
+        added = changes.filter(pc.is_in(kind, pa.array(["insert", "update_postimage"])))
+        removed = changes.filter(pc.is_in(kind, pa.array(["delete", "update_preimage"])))
+        assert Counter(rows(after)) - Counter(rows(before)) == Counter(rows(added)) - Counter(rows(removed))
+        assert Counter(rows(before)) - Counter(rows(after)) == Counter(rows(removed)) - Counter(rows(added))
+
+
+def test_a_history_table_whose_files_hide_rows_is_refused_before_writing(spark, tmp_path):
+    """Deletion vectors: a history table reads its versions from the files, where a deleted
+    row would come back."""
+    sink = UpsertSink(users_config(tmp_path))
+    sink(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
+    DeltaTable(str(tmp_path / "users")).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
     version = DeltaTable(str(tmp_path / "users")).version()
-    with pytest.raises(UnsupportedTableError, match="change data feed .* no MERGE fallback yet"):
+    with pytest.raises(UnsupportedTableError, match="deletion vectors .* reads the versions it rebuilds"):
         sink(spark.createDataFrame(USER_CHANGES[4:], USERS), 1)
     assert DeltaTable(str(tmp_path / "users")).version() == version
 
@@ -416,13 +450,14 @@ def test_a_second_writer_committing_between_tagging_and_commit_makes_the_batch_r
     assert (len(calls), a.reports[-1].retries) == (2, 1)
 
 
-@pytest.mark.parametrize("tag_on, seed", [("driver", 0), ("executors", 1), ("driver", 2)])
-def test_global_scope_keeps_a_moving_keys_versions_in_their_own_partitions(spark, tmp_path, tag_on, seed):
+@pytest.mark.parametrize("tag_on, seed, merge", [("driver", 0, False), ("executors", 1, False), ("driver", 2, True)])
+def test_global_scope_keeps_a_moving_keys_versions_in_their_own_partitions(spark, tmp_path, tag_on, seed, merge):
     """scope = 'global': a key's events name any partition (moves), deletes often none, and
     records come again. Each version lives in its own event's partition, the key's history
     spans them, and the table equals the oracle's history after every batch: with a new
     sink and index before every other batch (the index rebuilt from the table and the
-    tombstones), tagged in the driver or in Spark tasks."""
+    tombstones), tagged in the driver or in Spark tasks, rewriting files or (a change data
+    feed from batch 1 on) through MERGE."""
     events = random_global_batches(seed, batches=6, per_batch=60, keys=25, days=3)
     cfg = dict(table_uri=str(tmp_path / "t"), key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
                scope="global", scd_type=2, writer_id="w", num_shards=2, metrics_port=0, tag_on=tag_on)
@@ -432,7 +467,10 @@ def test_global_scope_keeps_a_moving_keys_versions_in_their_own_partitions(spark
             sink = UpsertSink(SinkConfig(index_dir=str(tmp_path / f"index-{b}"), **cfg))
         sink(spark.createDataFrame(batch, EVENT_SCHEMA), b)
         assert sink.reports[-1].ops["quarantined"] == 0
+        assert sink.reports[-1].mode == ("append" if b == 0 else "merge" if merge else "rewrite")
         assert history_rows(cfg["table_uri"]) == expected_history(events[: b + 1], scope="global"), f"batch {b}"
+        if merge and b == 0:
+            DeltaTable(cfg["table_uri"]).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
     partitions_of: dict[str, set] = {}
     for dt, key, *_ in history_rows(cfg["table_uri"]):
         partitions_of.setdefault(key, set()).add(dt)

@@ -15,7 +15,7 @@ from deltalake.exceptions import CommitFailedError
 from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, merge, rewrite, versions
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.features import merge_only_reason
+from sink.lakehouse.features import merge_only_reason, unreadable_reason
 from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
 from sink.lakehouse.predicates import partitions_predicate
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, distinct_partitions
@@ -165,14 +165,27 @@ class DeltaTarget:
         """SCD type 2: commit the batch's keys' rebuilt histories in one transaction carrying
         (app_id, batch_id): "rewrite" when it replaces files, else "append" (even an empty
         one, so the app transaction is recorded); `added_columns` (in `writes.schema`) join
-        the table just before. Raises CommitFailedError when another writer won the race;
-        UnsupportedTableError when the table has a feature only a MERGE honours."""
-        reason = merge_only_reason(self.table)
-        if reason is not None:
-            raise UnsupportedTableError(f"{self.uri} uses {reason}: a history table (scd_type = 2) commits by "
-                                        "rewriting files and has no MERGE fallback yet; nothing was written")
+        the table just before. A table with a feature the rewrite cannot honour (a change
+        data feed, constraints, invariants, generated columns) commits through a MERGE
+        ("merge"). Raises CommitFailedError when another writer won the race;
+        UnsupportedTableError when the table's files cannot be read as they are (deletion
+        vectors, column mapping)."""
+        unreadable = unreadable_reason(self.table)
+        if unreadable is not None:
+            raise UnsupportedTableError(f"{self.uri} uses {unreadable}: a history table (scd_type = 2) reads the "
+                                        "versions it rebuilds from the table's files; nothing was written")
         before = self.version()
         snapshot = rewrite.stored_files(self.table, self.partition_by)
+        if self.update_mode() == "merge":
+            merged = versions.merge_rows(self.uri, snapshot, writes)
+            props = _commit_properties(app_id, batch_id, custom_metadata, "merge")
+            self._add_columns(added_columns, before)
+            if merged.source.num_rows:
+                merge.commit_history(self.table, merged, writes.key_cols, self.partition_by, writes.schema, props)
+            self._record_batch(app_id, batch_id, writes.schema, props)
+            done = versions.HistoryRewrite(rewrite.Rewrite([], []), merged.versions_written, merged.versions_replaced,
+                                           merged.changes)
+            return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(merged.partitions)), done
         done = versions.rewrite_files(self.uri, snapshot, writes)
         mode = "rewrite" if done.rewrite.removes else "append"
         props = _commit_properties(app_id, batch_id, custom_metadata, mode)

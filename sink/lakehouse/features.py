@@ -7,6 +7,8 @@ notes/distributed-write.md §3), so such tables stay on delta-rs' MERGE, which h
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from deltalake import DeltaTable
 
 # Table property prefix -> why the rewrite cannot honour it.
@@ -23,6 +25,7 @@ _FIELD_METADATA = {
     "delta.generationExpression": "generated columns (a rewrite does not compute them)",
 }
 _OFF = ("false", "none", "")
+_UNREADABLE = (_PROPERTIES["delta.enableDeletionVectors"], _PROPERTIES["delta.columnMapping.mode"])
 
 
 def merge_only_reason(table: DeltaTable) -> str | None:
@@ -31,14 +34,23 @@ def merge_only_reason(table: DeltaTable) -> str | None:
     Reads the snapshot's protocol, properties and field metadata (no I/O): what is in use, not
     what the protocol merely allows (legacy protocols, writer versions 2-6, list no features).
     """
+    return next(_reasons(table), None)
+
+
+def unreadable_reason(table: DeltaTable) -> str | None:
+    """Why this table's data files cannot be read as plain Parquet files (a deletion vector
+    hides rows, column mapping renames columns), or None when they can."""
+    return next((r for r in _reasons(table) if r in _UNREADABLE), None)
+
+
+def _reasons(table: DeltaTable) -> Iterator[str]:
     if _DELETION_VECTORS in (table.protocol().writer_features or ()):
-        return _PROPERTIES["delta.enableDeletionVectors"]
+        yield _PROPERTIES["delta.enableDeletionVectors"]
     for key, value in table.metadata().configuration.items():
         for prefix, reason in _PROPERTIES.items():
             if key.startswith(prefix) and (prefix.endswith(".") or (value or "").lower() not in _OFF):
-                return reason
+                yield reason
     for f in table.schema().fields:
         for key in f.metadata or {}:
             if key in _FIELD_METADATA:
-                return _FIELD_METADATA[key]
-    return None
+                yield _FIELD_METADATA[key]

@@ -1,14 +1,18 @@
 """MERGE commit: delta-rs matches the batch's rows to the table's on key and partition, its
-scan pruned to the partitions holding updated or deleted keys."""
+scan pruned to the partitions holding updated or deleted keys (a history table's versions
+also on START_AT)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 
+from sink.history import START_AT
 from sink.lakehouse.predicates import merge_predicate, quote_ident
+from sink.lakehouse.versions import ACTION_COLUMN, HistoryMerge
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 from sink.ordering import newer_sql
 
@@ -53,3 +57,19 @@ def _differs(values: Mapping[str, str]) -> str:
     """SQL: the row the update would write differs from the stored one in some column."""
     return "NOT (" + " AND ".join(f"(t.{c} IS NOT DISTINCT FROM {v})" for c, v in values.items()) + ")"
 
+
+
+def commit_history(table: DeltaTable, merge: HistoryMerge, key_cols: Sequence[str], partition_by: Sequence[str],
+                   schema: pa.Schema, props: CommitProperties) -> None:
+    """A history table's MERGE (sink.lakehouse.versions.merge_rows): versions match on key,
+    partition and START_AT; "drop" rows delete, "keep" rows update or insert."""
+    types = {f.name: f.type for f in schema}
+    start = quote_ident(START_AT)
+    predicate = f"{merge_predicate(key_cols, partition_by, merge.partitions, types)} AND t.{start} = s.{start}"
+    columns = {quote_ident(f.name): f"s.{quote_ident(f.name)}" for f in schema}
+    action = f"s.{quote_ident(ACTION_COLUMN)}"
+    (table.merge(merge.source, predicate, source_alias="s", target_alias="t", commit_properties=props)
+     .when_matched_delete(predicate=f"{action} = 'drop'")
+     .when_matched_update(updates=columns, predicate=f"{action} = 'keep'")
+     .when_not_matched_insert(updates=columns, predicate=f"{action} = 'keep'")
+     .execute())

@@ -13,7 +13,7 @@ transaction, as the type 1 rewrite's.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -64,44 +64,113 @@ class HistoryRewrite:
     changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))
 
 
-def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites) -> HistoryRewrite:
-    """Read the files holding known keys (a task per partition, in threads), rebuild every
-    key's history at once, write each partition's files (in threads)."""
+@dataclass(frozen=True)
+class HistoryMerge:
+    """The MERGE that commits rebuilt histories on a table the rewrite cannot honour: `source`
+    holds the table's columns and ACTION_COLUMN: "keep" rows are versions to update (matched
+    on key, partition and START_AT) or insert, "drop" rows stored versions to delete.
+    `partitions`: the partition values the MERGE touches."""
+
+    source: pa.Table
+    partitions: list[dict[str, str | None]]
+    versions_written: int
+    versions_replaced: int
+    changes: dict[str, int]
+
+
+ACTION_COLUMN = "__sink_action"
+
+
+@dataclass(frozen=True)
+class _Rebuilt:
+    """Per partition: what its files hold of the batch's keys and their versions now."""
+
+    stored: dict[str, _Stored]
+    after: dict[str, pa.Table]
+    changes: dict[str, int]
+    schema: pa.Schema
+
+    def changed(self, cols: HistoryColumns) -> Iterator[tuple[str, _Stored, pa.Table]]:
+        """(pid, stored, versions now) of the partitions whose versions change."""
+        for pid in dict.fromkeys([*self.stored, *self.after]):
+            old = self.stored.get(pid) or _Stored([], [], self.schema.empty_table())
+            new = self.after.get(pid, self.schema.empty_table())
+            if not _same(old.before, new, cols):  # else: events the history already holds
+                yield pid, old, new
+
+
+def _rebuild(fs: pafs.FileSystem, root: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites,
+             pool: ThreadPoolExecutor) -> _Rebuilt:
+    """Read the files holding known keys (a task per partition), rebuild every key's history
+    at once."""
     cols, schema = writes.cols, writes.schema
     reads = _by_pid(writes.reads)
+    stored = dict(zip(reads, pool.map(lambda pid: _stored(fs, root, snapshot.get(pid, []), reads[pid], writes),
+                                      reads)))
+    before = pa.concat_tables([schema.empty_table(), *(s.before for s in stored.values())])
+    events = writes.events
+    free = _of_keys(writes.free, events, cols.key) if writes.free.num_rows else writes.free
+    shape = events_schema(schema, cols)
+    history = build(pa.concat_tables([events_of(History(before, free), cols).cast(shape),
+                                      events.select(shape.names).cast(shape)]), cols)
+    return _Rebuilt(stored, _by_partition(conform(history.versions, schema), writes.partition_by),
+                    version_changes(before, history.versions, cols), schema)
+
+
+def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites) -> HistoryRewrite:
+    """Rebuild the batch's keys' histories and write each changed partition's files (in
+    threads)."""
+    schema = writes.schema
     fs, root = filesystem(uri)
+    data_schema = pa.schema([f for f in schema if f.name not in writes.partition_by])
+
+    def write(changed: tuple[str, _Stored, pa.Table]) -> HistoryRewrite:
+        _, old, new = changed
+        values = _partition_values(old, new, writes.partition_by)
+        # Versions of keys found here go back to the first file read, others' as inserts do.
+        found = pc.is_in(row_keys(new, writes.key_cols), value_set=row_keys(old.before, writes.key_cols))
+        rebuilt, fresh = new.filter(found), new.filter(pc.invert(found))
+        files = [pa.concat_tables([old.kept[0], rebuilt]), *old.kept[1:]] if old.kept else [rebuilt]
+        outputs = [t for t in with_inserts(files, fresh) if t.num_rows]
+        return HistoryRewrite(Rewrite([write_file(fs, root, t, values, data_schema) for t in outputs],
+                                      old.removed), new.num_rows, old.before.num_rows)
+
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        stored = dict(zip(reads, pool.map(lambda pid: _stored(fs, root, snapshot.get(pid, []), reads[pid], writes),
-                                          reads)))
-        before = pa.concat_tables([schema.empty_table(), *(s.before for s in stored.values())])
-        events = writes.events
-        free = _of_keys(writes.free, events, cols.key) if writes.free.num_rows else writes.free
-        shape = events_schema(schema, cols)
-        history = build(pa.concat_tables([events_of(History(before, free), cols).cast(shape),
-                                          events.select(shape.names).cast(shape)]), cols)
-        changes = version_changes(before, history.versions, cols)
-        after = _by_partition(conform(history.versions, schema), writes.partition_by)
-        data_schema = pa.schema([f for f in schema if f.name not in writes.partition_by])
-
-        def write(pid: str) -> HistoryRewrite:
-            old = stored.get(pid) or _Stored([], [], schema.empty_table())
-            new = after.get(pid, schema.empty_table())
-            if _same(old.before, new, cols):
-                return HistoryRewrite(Rewrite([], []), 0, 0)  # events the history already holds
-            values = ({c: partition_string(new.column(c)[0].as_py()) for c in writes.partition_by} if new.num_rows
-                      else old.removed[0].partition_values)
-            # Versions of keys found here go back to the first file read, others' as inserts do.
-            found = pc.is_in(row_keys(new, writes.key_cols), value_set=row_keys(old.before, writes.key_cols))
-            rebuilt, fresh = new.filter(found), new.filter(pc.invert(found))
-            files = [pa.concat_tables([old.kept[0], rebuilt]), *old.kept[1:]] if old.kept else [rebuilt]
-            outputs = [t for t in with_inserts(files, fresh) if t.num_rows]
-            return HistoryRewrite(Rewrite([write_file(fs, root, t, values, data_schema) for t in outputs],
-                                          old.removed), new.num_rows, old.before.num_rows)
-
-        done = list(pool.map(write, list(dict.fromkeys([*stored, *after]))))
+        rebuilt = _rebuild(fs, root, snapshot, writes, pool)
+        done = list(pool.map(write, list(rebuilt.changed(writes.cols))))
     rewrite = Rewrite([a for d in done for a in d.rewrite.adds], [f for d in done for f in d.rewrite.removes])
     return HistoryRewrite(rewrite, sum(d.versions_written for d in done), sum(d.versions_replaced for d in done),
-                          changes)
+                          rebuilt.changes)
+
+
+def merge_rows(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryWrites) -> HistoryMerge:
+    """Rebuild the batch's keys' histories as `rewrite_files` does, as a MERGE's source: in
+    each changed partition every version now ("keep") and the stored ones no longer there
+    ("drop")."""
+    cols = writes.cols
+    fs, root = filesystem(uri)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        rebuilt = _rebuild(fs, root, snapshot, writes, pool)
+    parts, partitions, written, replaced = [_acting(writes.schema.empty_table(), "keep")], [], 0, 0
+    for _, old, new in rebuilt.changed(cols):
+        ids = [*writes.key_cols, *(c for c in _bounds(new, cols).column_names if c.startswith("__start"))]
+        stored = _bounds(old.before, cols).append_column("__row", pa.array(np.arange(old.before.num_rows)))
+        gone = stored.join(_bounds(new, cols), keys=ids, join_type="left anti").column("__row")
+        parts += [_acting(new, "keep"), _acting(old.before.take(gone), "drop")]
+        partitions.append(_partition_values(old, new, writes.partition_by))
+        written, replaced = written + new.num_rows, replaced + old.before.num_rows
+    return HistoryMerge(pa.concat_tables(parts), partitions, written, replaced, rebuilt.changes)
+
+
+def _acting(rows: pa.Table, action: str) -> pa.Table:
+    return rows.append_column(ACTION_COLUMN, pa.array([action] * rows.num_rows, pa.string()))
+
+
+def _partition_values(old: _Stored, new: pa.Table, partition_by: Sequence[str]) -> dict[str, str | None]:
+    """The Delta partition values of a partition, from its versions now or its files read."""
+    if new.num_rows:
+        return {c: partition_string(new.column(c)[0].as_py()) for c in partition_by}
+    return old.removed[0].partition_values
 
 
 def version_changes(before: pa.Table, after: pa.Table, cols: HistoryColumns) -> dict[str, int]:
