@@ -39,8 +39,9 @@ from sink.executor import (
     tag_batches,
     tag_locally,
 )
-from sink.history import HISTORY_COLUMNS, HistoryColumns, events_schema, history_fields
-from sink.index import changelog, history_locations
+from sink.history import HISTORY_COLUMNS, HistoryColumns, history_fields
+from sink.history_writes import HistoryBatch, history_writes
+from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
 from sink.lakehouse.contract import Contract
@@ -57,8 +58,7 @@ from sink.lakehouse.delta_rs import (
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns, check_history_columns
-from sink.lakehouse.versions import PID_COLUMN, VERSION_CHANGES, HistoryWrites, free_deletes
-from sink.lakehouse.writes import conform
+from sink.lakehouse.versions import VERSION_CHANGES
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED, record_partitions
 from sink.placement import PLACEMENTS, WITHOUT_PARTITION
@@ -651,43 +651,22 @@ class UpsertSink:
         """scd_type = 2: every valid record is an event of its key's history; keys the index
         holds are rebuilt with what the table keeps of them (a column added since reads as
         nulls), new keys from the batch alone."""
-        cfg = self.config
         present = self._target.arrow_schema()
         added = [f for f in added if f.name not in present.names]  # a retry may have added them
-        schema = pa.schema([*present, *added])
-        cols = self._history_columns(schema)
-        valid = records.filter(pc.is_null(records.column(C.REASON)))
-        pids = keys.partition_ids(valid, cfg.partition_by)
-        located = cfg.scope == "global"
-        groups = valid.column(C.KEY) if located else pc.binary_join_element_wise(pids, valid.column(C.KEY), "\x00")
-        known = pc.is_in(groups, value_set=groups.filter(pc.fill_null(valid.column(C.HIT), False)))
-        events = conform(valid, events_schema(schema, cols))
-        upserts = pc.invert(valid.column(C.DELETE))
-        report.ops = {**dict.fromkeys(OUTCOMES, 0), QUARANTINED: report.ops[QUARANTINED],
-                      INSERT: _count(pc.and_(upserts, pc.invert(known))), UPDATE: _count(pc.and_(upserts, known)),
-                      DELETE: _count(valid.column(C.DELETE))}
-        # Where the table may hold the known keys: their partition, or in global scope every
-        # partition the index lists for them (sink.index.history_locations).
-        probes = valid.filter(known).select(list(cfg.key))
-        if located:
-            lists = pc.split_pattern(valid.column(C.STORED_AT).filter(known), history_locations.SEPARATOR)
-            probes = probes.take(pc.list_parent_indices(lists))
-            reads = probes.append_column(PID_COLUMN, pc.list_flatten(lists))
-            reads = reads.filter(pc.not_equal(reads.column(PID_COLUMN), ""))
-            # Deletes that named no partition are kept in the tombstone table's null partition.
-            nowhere = [keys.null_partition_id(cfg.partition_by)] if cfg.partition_by and probes.num_rows else []
-            tombstone_pids = [*pc.unique(reads.column(PID_COLUMN)).to_pylist(), *nowhere]
-        else:
-            reads = probes.append_column(PID_COLUMN, pids.filter(known))
-            tombstone_pids = pc.unique(reads.column(PID_COLUMN)).to_pylist()
-        free = free_deletes(self._target.table, cfg.resolved_tombstone_uri, tombstone_pids, cols, schema,
-                            cfg.tombstone_ttl_seconds, ctx.now)
-        outcome, done = self._target.commit_history(
-            HistoryWrites(events, reads, free, schema, cols, list(cfg.key), list(cfg.partition_by)),
-            self.writer_id, ctx.batch_id, self._commit_metadata(ctx, shards), added)
+        batch = self._history_batch(pa.schema([*present, *added]), ctx)
+        writes, counts = history_writes(records.filter(pc.is_null(records.column(C.REASON))), batch,
+                                        self._target.table)
+        report.ops = {**dict.fromkeys(OUTCOMES, 0), QUARANTINED: report.ops[QUARANTINED], **counts}
+        outcome, done = self._target.commit_history(writes, self.writer_id, ctx.batch_id,
+                                                    self._commit_metadata(ctx, shards), added)
         report.record(outcome)
         report.versions_written, report.versions_replaced = done.versions_written, done.versions_replaced
         report.version_changes = done.changes
+
+    def _history_batch(self, schema: pa.Schema, ctx: TaskContext) -> HistoryBatch:
+        cfg = self.config
+        return HistoryBatch(schema, self._history_columns(schema), tuple(cfg.key), tuple(cfg.partition_by), cfg.scope,
+                            cfg.resolved_tombstone_uri, cfg.tombstone_ttl_seconds, ctx.now)
 
     def _commit_written(self, written: Written, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                         report: BatchReport) -> None:
@@ -749,10 +728,6 @@ class UpsertSink:
             TOMBSTONE_DELETED_AT, pa.array([int(now) * 1_000_000] * n, pa.timestamp("us", tz="UTC")))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
                     schema_mode="merge")
-
-
-def _count(mask: pa.Array) -> int:
-    return pc.sum(pc.cast(mask, pa.int64())).as_py() or 0
 
 
 def _spark_aborted_a_rerun(error: Exception) -> str | None:

@@ -187,7 +187,7 @@ def version_changes(before: pa.Table, after: pa.Table, cols: HistoryColumns) -> 
         moved = pc.or_(moved, pc.fill_null(pc.not_equal(both.column(c), both.column(c + "__after")), False))
     closed = pc.and_(was_open, pc.invert(is_open))
     split = pc.and_(pc.and_(pc.invert(was_open), pc.invert(is_open)), moved)
-    return {"opened": opened, "closed": _count(closed), "split": _count(split)}
+    return {"opened": opened, "closed": count_true(closed), "split": count_true(split)}
 
 
 def _bounds(versions: pa.Table, cols: HistoryColumns) -> pa.Table:
@@ -202,7 +202,8 @@ def _bounds(versions: pa.Table, cols: HistoryColumns) -> pa.Table:
     return out.append_column("__ended", pc.is_valid(versions.column(END_AT)))
 
 
-def _count(mask: pa.Array) -> int:
+def count_true(mask: pa.Array) -> int:
+    """How many of a boolean array's values are true."""
     return pc.sum(pc.cast(mask, pa.int64())).as_py() or 0
 
 
