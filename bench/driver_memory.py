@@ -3,8 +3,10 @@ the driver's Python process rises above its peak before the batch. A table holds
 key; a batch of N records of ~220 bytes, half updates of stored keys, half new keys. The table
 and the batch's file are written by a child process, so that writing them does not set the
 driver's peak; one batch size per process. `--commit-mode merge` measures the MERGE fallback,
-which collects the tagged batch into the driver. The table after the batch is checked against
-its expected contents.
+which collects the tagged batch into the driver; `--scd-type 2` a history table (every stored
+key one version, which the batch's updates close). The table after the batch is checked
+against its expected contents (a history table's current versions, and one closed version
+per update).
 
     python -m bench.driver_memory --records 1000000 --commit-mode auto --out r.json
 """
@@ -41,11 +43,19 @@ def rows(keys: np.ndarray, seq: int) -> pa.Table:
                      "seq": pa.array(np.full(len(keys), seq), pa.int64()), "payload": payload}, schema=SCHEMA)
 
 
-def seed(uri: str, landing: str, n: int) -> None:
-    """The table (keys 0, 2, .. 2n-2) and the batch (half of them updated, n/2 odd keys new)."""
+def seed(uri: str, landing: str, n: int, scd_type: int) -> None:
+    """The table (keys 0, 2, .. 2n-2) and the batch (half of them updated, n/2 odd keys new);
+    a history table's stored keys have one current version each."""
     from deltalake import write_deltalake
 
-    write_deltalake(uri, rows(np.arange(0, 2 * n, 2), 1), partition_by=["dt"])
+    table = rows(np.arange(0, 2 * n, 2), 1)
+    if scd_type == 2:
+        from sink.history import END_AT, RUN_EVENTS, START_AT
+
+        runs = pa.array([[]] * len(table), pa.list_(pa.struct([("seq", pa.int64())])))
+        table = (table.append_column(START_AT, table.column("seq"))
+                 .append_column(END_AT, pa.nulls(len(table), pa.int64())).append_column(RUN_EVENTS, runs))
+    write_deltalake(uri, table, partition_by=["dt"])
     updated = np.arange(0, n, 1) * 2  # the first n/2 stored keys ...
     batch = np.concatenate([updated[: n // 2], np.arange(1, n, 2)[: n - n // 2]])  # ... and n/2 new odd keys
     Path(landing).mkdir(parents=True)
@@ -70,11 +80,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, required=True)
     parser.add_argument("--commit-mode", choices=["auto", "merge"], default="auto")
+    parser.add_argument("--scd-type", type=int, choices=[1, 2], default=1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", nargs=3, metavar=("URI", "LANDING", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.seed:
-        seed(args.seed[0], args.seed[1], int(args.seed[2]))
+        seed(args.seed[0], args.seed[1], int(args.seed[2]), args.scd_type)
         return
 
     import pyspark
@@ -95,10 +106,12 @@ def main() -> None:
     try:
         uri, landing = str(work / "table"), str(work / "landing")
         subprocess.run([sys.executable, "-m", "bench.driver_memory", "--records", "0", "--out", "-",
-                        "--seed", uri, landing, str(n)], check=True, cwd=Path(__file__).resolve().parent.parent)
+                        "--scd-type", str(args.scd_type), "--seed", uri, landing, str(n)], check=True,
+                       cwd=Path(__file__).resolve().parent.parent)
         sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="seq",
                                      tag_on="executors", num_shards=2, bootstrap_days=0, metrics_port=0,
-                                     commit_mode=args.commit_mode, writer_id="driver-memory"))
+                                     commit_mode=args.commit_mode, writer_id="driver-memory",
+                                     scd_type=args.scd_type))
         batch = spark.read.parquet(landing)
         sink(batch.limit(0), 0)  # the sink's modules and the replicas' first open, before measuring
         before = peak_mb()
@@ -107,16 +120,24 @@ def main() -> None:
         seconds = time.perf_counter() - started
         rise = peak_mb() - before
         report = sink.reports[-1]
-        got = DeltaTable(uri).to_pyarrow_table().select(SCHEMA.names).cast(SCHEMA).sort_by("id")
-        exact = got.equals(expected(np.arange(0, 2 * n, 2), pq.read_table(landing).cast(SCHEMA)))
+        got = DeltaTable(uri).to_pyarrow_table()
+        closed = 0
+        if args.scd_type == 2:  # the current versions as type 1's rows, and one closed version per update
+            ended = pc.is_valid(got.column("__END_AT"))
+            closed = got.filter(pc.and_(ended, pc.equal(got.column("__END_AT"), 2))).num_rows
+            got = got.filter(pc.invert(ended))
+        got = got.select(SCHEMA.names).cast(SCHEMA).sort_by("id")
+        exact = got.equals(expected(np.arange(0, 2 * n, 2), pq.read_table(landing).cast(SCHEMA))) and (
+            closed == (n // 2 if args.scd_type == 2 else 0))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    case = {"records": n, "commit_mode": args.commit_mode, "driver_peak_before_mb": round(before, 1),
+    case = {"records": n, "commit_mode": args.commit_mode, "scd_type": args.scd_type,
+            "driver_peak_before_mb": round(before, 1),
             "driver_peak_rise_mb": round(rise, 1), "batch_seconds": round(seconds, 2), "mode": report.mode,
             "inserted": report.ops["insert"], "updated": report.ops["update"], "table_exact": exact}
-    print(f"{n:>9,} records, commit_mode={args.commit_mode}: driver peak +{rise:,.0f} MB, {seconds:.1f} s, "
-          f"mode={report.mode}, exact={exact}", flush=True)
+    print(f"{n:>9,} records, commit_mode={args.commit_mode}, scd_type={args.scd_type}: driver peak "
+          f"+{rise:,.0f} MB, {seconds:.1f} s, mode={report.mode}, exact={exact}", flush=True)
     Path(args.out).write_text(json.dumps({"master": MASTER, **case}, indent=1))
 
 

@@ -40,6 +40,8 @@ def markdown(result: dict) -> str:
                   "peak before | batch | table equal to expected |", "|---:|---|---:|---:|---|"]
         for c in result["driver_memory"]:
             how = "files written by executors" if c["commit_mode"] == "auto" else "MERGE fallback (rows collected)"
+            if c.get("scd_type") == 2:
+                how = "history table (scd_type = 2), files written by executors"
             lines.append(f"| {c['records']:,} records | {how} ({c['mode']}) | {c['driver_peak_rise_mb']:,.0f} MB "
                          f"| {c['batch_seconds']:.1f} s | {c['table_exact']} |")
     if result.get("e2e_tiny"):

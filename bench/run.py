@@ -69,14 +69,16 @@ def two_executor_figures(params: dict) -> list[dict]:
 
 def driver_memory_figures(sizes: list[int]) -> list[dict]:
     """bench.driver_memory, one child process per size and commit mode (a Spark application
-    each, and its own peak RSS): the executors writing the files, and the MERGE fallback."""
+    each, and its own peak RSS): the executors writing the files, the MERGE fallback, and the
+    executors writing a history table's (scd_type 2) files."""
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "driver-memory.json"
-        for mode in ("auto", "merge"):
+        for mode, scd_type in (("auto", 1), ("merge", 1), ("auto", 2)):
             for n in sizes:
                 subprocess.run([sys.executable, "-m", "bench.driver_memory", "--records", str(n), "--commit-mode", mode,
-                                "--out", str(out)], check=True, cwd=Path(__file__).resolve().parent.parent)
+                                "--scd-type", str(scd_type), "--out", str(out)], check=True,
+                               cwd=Path(__file__).resolve().parent.parent)
                 cases.append(json.loads(out.read_text()))
     return cases
 

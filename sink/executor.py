@@ -58,6 +58,7 @@ from sink.outcomes import QUARANTINED, record_partitions, summary
 from sink.partial import fold_nulls
 from sink.placement import AMBIGUOUS, PLACEMENTS, place_deletes, unplaced_deletes
 from sink.tagging import DELETE, INSERT, TOMBSTONE, tag, tag_global
+from sink.writing import HISTORY_EVENT
 
 log = logging.getLogger("sink")
 
@@ -208,7 +209,11 @@ def _for_writing(ctx: TaskContext, records: pa.Table, pids: pa.Array) -> pa.Tabl
     write, op = records.column(C.WRITE), records.column(C.OP)
     written = pc.fill_null(pc.not_equal(write, TOMBSTONE), False)
     writes = records.filter(written)
-    if ctx.scope == "global":
+    if ctx.history:  # every valid record is an event of its key's history
+        writes = records.filter(pc.is_null(records.column(C.REASON)))
+        writes = writes.set_column(writes.schema.get_field_index(C.WRITE), C.WRITE,
+                                   pa.array([HISTORY_EVENT] * writes.num_rows, pa.string()))
+    elif ctx.scope == "global":
         writes = placed(writes, pids.filter(written), ctx.partition_cols)
         if ctx.ignore_null_updates:
             table = DeltaTable(ctx.table_uri, version=ctx.table_version)

@@ -405,7 +405,7 @@ class UpsertSink:
             snapshot = self._target.version()
             try:
                 with report.timed("commit"):
-                    if cfg.scd_type == 2:
+                    if cfg.scd_type == 2 and batch.written is None:
                         self._commit_history(batch.records, ctx, batch.shards, added, report)
                     elif batch.written is None:
                         self._commit(batch.records, ctx, batch.shards, added, report)
@@ -475,8 +475,10 @@ class UpsertSink:
             tombstone_ttl_seconds=cfg.tombstone_ttl_seconds,
             deletes=cfg.delete_when is not None,
             # Executors write the batch's files where the table allows (else the driver commits
-            # from the records: a MERGE, or a history table's rebuild).
-            write_files=not self._on_driver and cfg.scd_type == 1 and self._target.update_mode() == "rewrite",
+            # from the records: a MERGE, or a global-scope history table's rebuild, whose keys'
+            # versions span partitions).
+            write_files=(not self._on_driver and self._target.update_mode() == "rewrite"
+                         and (cfg.scd_type == 1 or cfg.scope == "partitioned")),
             history=cfg.scd_type == 2,
         )
 
@@ -543,12 +545,13 @@ class UpsertSink:
         rewrites its files (`snapshot`: the broadcast files of the version tagged against)."""
         cfg = self.config
         present = self._target.arrow_schema()
+        schema = pa.schema([*present, *(f for f in added if f.name not in present.names)])
         wctx = WriteContext(
-            table_uri=cfg.table_uri,
-            schema=pa.schema([*present, *(f for f in added if f.name not in present.names)]),
+            table_uri=cfg.table_uri, schema=schema,
             key_cols=tuple(cfg.key), ordering=tuple(cfg.ordering_columns), partition_by=tuple(cfg.partition_by),
             incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
-            output_schema=ctx.output_schema, files=snapshot,
+            output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version,
+            history=self._history_batch(schema, ctx) if cfg.scd_type == 2 else None,
         )
         route = [F.col(keys.quoted_column(c)) for c in cfg.partition_by] or [F.lit(0)]
         return tagging.repartition(ctx.num_shards, *route).mapInArrow(partial(write_batches, wctx), out_schema)
@@ -671,6 +674,12 @@ class UpsertSink:
     def _commit_written(self, written: Written, ctx: TaskContext, shards: list[int], added: list[pa.Field],
                         report: BatchReport) -> None:
         """Commit the files the writing tasks wrote."""
+        if written.history is not None:  # a history table's tasks counted its events
+            report.ops = {**dict.fromkeys(OUTCOMES, 0), QUARANTINED: report.ops[QUARANTINED],
+                          **written.history["ops"]}
+            report.versions_written = written.history["versions_written"]
+            report.versions_replaced = written.history["versions_replaced"]
+            report.version_changes = written.history["changes"]
         if not any(report.ops[o] for o in (INSERT, UPDATE, DELETE, "delete_missing")):
             report.mode = "none"
             report.table_version = self._target.version()

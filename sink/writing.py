@@ -2,7 +2,8 @@
 
 Tagged writes arrive routed by the partition they change (`repartition(n, *partition_by)`),
 so each partition's rows are all in one task: it rewrites the partition's files that hold
-changed keys and writes the new keys (sink.lakehouse.rewrite), and yields only what the
+changed keys and writes the new keys (sink.lakehouse.rewrite; a history table's: its keys'
+rebuilt histories, sink.lakehouse.versions), and yields only what the
 driver commits: one FILE_OP row per file added or removed, its action as JSON, and one with
 the task's counts. The rows the driver needs (tagging stats, quarantined records, delete
 records for the tombstone table: every row without a write) pass through.
@@ -18,14 +19,19 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
 from sink import columns as C
+from sink.history_writes import HistoryBatch, history_writes
+from sink.lakehouse import versions
 from sink.lakehouse.rewrite import Rewrite, StoredFile, WrittenFile, rewrite_files
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging import TOMBSTONE
 
 FILE_OP = "_file"
+# The write of every valid record of a history table's batch: each is an event of its key.
+HISTORY_EVENT = "event"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ class WriteContext:
     # The files of the version the batch was tagged against, by partition id: a Spark
     # broadcast (its `.value`), or the mapping itself.
     files: object
+    table_version: int = 0  # the version the batch was tagged against
+    # A history table's batch (scd_type 2): the writes are its events (HISTORY_EVENT).
+    history: HistoryBatch | None = None
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -62,6 +71,9 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
     rows = records.filter(pc.fill_null(pc.not_equal(write, TOMBSTONE), False))
     if not rows.num_rows:
         return
+    if ctx.history is not None:
+        yield _write_histories(ctx, rows, started)
+        return
     columns = [*C.stream_columns(rows.column_names), WRITE_COLUMN, *([PARTIAL_COLUMN] if ctx.partial else [])]
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
                     ctx.incoming_wins_ties, None)
@@ -73,6 +85,20 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
     yield _file_rows(ctx.output_schema, [json.dumps(a) for a in actions])
 
 
+def _write_histories(ctx: WriteContext, events: pa.Table, started: float) -> pa.RecordBatch:
+    """Rebuild the histories of this task's partitions' keys and write their files."""
+    writes, counts = history_writes(events, ctx.history, DeltaTable(ctx.table_uri, version=ctx.table_version))
+    done = versions.rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
+    removed = {tuple(sorted(f.partition_values.items())) for f in done.rewrite.removes}
+    history = {"ops": counts, "versions_written": done.versions_written,
+               "versions_replaced": done.versions_replaced, "changes": done.changes}
+    task = {"rows": events.num_rows, "partitions_changed": len(removed), "unchanged": 0,
+            "seconds": time.perf_counter() - started, "history": history}
+    actions = [*(added_json(w) for w in done.rewrite.adds), *(removed_json(f) for f in done.rewrite.removes),
+               {"task": task}]
+    return _file_rows(ctx.output_schema, [json.dumps(a) for a in actions])
+
+
 @dataclass
 class Written:
     """What the writing tasks did, read back on the driver."""
@@ -81,11 +107,14 @@ class Written:
     rows: int  # writes, tombstones aside
     partitions_changed: int
     seconds: float  # summed over the tasks
+    # A history batch's counts, summed: "ops" (insert, update, delete), "versions_written",
+    # "versions_replaced", "changes" (sink.lakehouse.versions.HistoryRewrite).
+    history: dict | None = None
 
 
 def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
-    adds, removes, rows, changed, unchanged, seconds = [], [], 0, 0, 0, 0.0
+    adds, removes, rows, changed, unchanged, seconds, history = [], [], 0, 0, 0, 0.0, None
     for action in map(json.loads, texts):
         if "add" in action:
             a = action["add"]
@@ -101,7 +130,14 @@ def read_written(texts: list[str]) -> Written:
             changed += task["partitions_changed"]
             unchanged += task["unchanged"]
             seconds += task["seconds"]
-    return Written(Rewrite(adds, removes, unchanged), rows, changed, seconds)
+            if "history" in task:
+                history = _summed(history or {}, task["history"])
+    return Written(Rewrite(adds, removes, unchanged), rows, changed, seconds, history)
+
+
+def _summed(total: dict, more: dict) -> dict:
+    """Nested counts added up."""
+    return {k: _summed(total.get(k, {}), v) if isinstance(v, dict) else total.get(k, 0) + v for k, v in more.items()}
 
 
 def added_json(written: WrittenFile) -> dict:

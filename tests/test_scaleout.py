@@ -143,4 +143,7 @@ def test_two_executors_keep_a_history_table_exact_as_late_events_split_versions(
     assert [b["mode"] for b in batches] == ["append"] + ["rewrite"] * (len(batches) - 1)
     assert all(b["invalidated"] == 0 for b in batches)
     assert sum(b["version_changes"]["split"] for b in batches) > 0
+    # Partitioned scope: the executors' writing tasks rebuild the histories and write the
+    # files; global scope: the driver does (a key's versions span partitions).
+    assert all((b["write_seconds"] > 0) is (name == "history") for b in batches)
     assert sum(b["ops"]["delete"] for b in batches) > 0 and sum(b["ops"]["quarantined"] for b in batches) == 0
