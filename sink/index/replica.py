@@ -145,6 +145,7 @@ def replica_path(index_root: str | os.PathLike[str], table_id: str, shard: int, 
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
 # Table files a replica keeps open (RocksDB's table cache); past it the least recently used close.
 MAX_OPEN_FILES = 4096
+READ_ONLY_OPEN_ATTEMPTS = 5
 # One block cache per size, shared by every replica of the process (it must outlive them).
 _BLOCK_CACHES: dict[int, Cache] = {}
 
@@ -207,8 +208,22 @@ class ShardReplica:
 
     @classmethod
     def open_read_only(cls, path: str | os.PathLike[str]) -> ShardReplica:
-        """A read-only view, usable beside the process that holds the replica open."""
-        return cls(Path(path), Rdict(str(path), _options(), access_type=AccessType.read_only()), read_only=True)
+        """A read-only view, usable beside the process that holds the replica open. The open
+        reads the MANIFEST, then the files it lists: the writer's compaction may delete one in
+        between (RocksDB then reports a missing .sst), and a new open reads the new MANIFEST."""
+        def one() -> ShardReplica:
+            # Every table file opened at open: one the writer deletes afterwards stays readable.
+            options = _options()
+            options.set_max_open_files(-1)
+            return cls(Path(path), Rdict(str(path), options, access_type=AccessType.read_only()), read_only=True)
+
+        for _ in range(READ_ONLY_OPEN_ATTEMPTS - 1):
+            try:
+                return one()
+            except Exception as e:
+                if not _compacted_away(e):
+                    raise
+        return one()
 
     @property
     def spec(self) -> str | None:
@@ -771,6 +786,12 @@ class ShardReplica:
     def discard_staged(self) -> None:
         for key in (_META_STAGED_DATA, _META_STAGED_BATCH, _META_STAGED_READ):
             self._delete_meta(key)
+
+
+def _compacted_away(error: Exception) -> bool:
+    """RocksDB's error for a table file listed in the MANIFEST and deleted since."""
+    text = str(error)
+    return ".sst" in text and "No such file or directory" in text
 
 
 def _taken(keys: Sequence[bytes], where: np.ndarray) -> list[bytes]:

@@ -1,7 +1,9 @@
 import shutil
 
 import pytest
+import rocksdict
 
+from sink.index import replica as replica_module
 from sink.index.entry import Entry, pack_located_many
 from sink.index.replica import GLOBAL, KEY_FILTER_FILE, ShardReplica, close_kept_open, replica_path, replica_spec
 from tests import damage
@@ -349,3 +351,32 @@ def test_key_filters_never_hide_a_key_through_random_loads_writes_drops_and_reop
                 assert r.lookup(name, universe) == [entries.get(k) for k in universe], (seed, step, name)
     finally:
         r.close()
+
+
+def test_a_read_only_open_that_finds_a_table_file_compacted_away_opens_again(path, monkeypatch):
+    """The writer's compaction can delete a file between the MANIFEST read and its open."""
+    held, raws = _located(100)
+    with ShardReplica.open(path, GLOBAL_SPEC) as r:
+        r.load_packed(GLOBAL, held, raws, reason="bootstrap")
+    opens = []
+
+    def compacting(*args, **kwargs):
+        opens.append(1)
+        if len(opens) < 3:
+            raise Exception(f"Corruption: Can't access /000020.sst: IO error: No such file or directory: while stat "
+                            f"a file for size: {path}/000020.sst: No such file or directory")
+        return rocksdict.Rdict(*args, **kwargs)
+
+    monkeypatch.setattr(replica_module, "Rdict", compacting)
+    with ShardReplica.open_read_only(path) as reader:
+        assert reader.lookup_packed(GLOBAL, held) == raws
+    assert len(opens) == 3
+
+
+def test_a_read_only_open_gives_up_on_other_errors_at_once(path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise Exception("Corruption: bad block contents")
+
+    monkeypatch.setattr(replica_module, "Rdict", broken)
+    with pytest.raises(Exception, match="bad block contents"):
+        ShardReplica.open_read_only(path)
