@@ -12,7 +12,8 @@ from sink.errors import (
     UnsupportedTableError,
     WriterIdReusedError,
 )
-from sink.foreach_batch import BatchReport, UpsertSink
+from sink.foreach_batch import UpsertSink
+from sink.report import BatchReport
 
 __all__ = [
     "BatchReport",

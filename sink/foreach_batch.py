@@ -6,10 +6,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -31,8 +30,6 @@ from sink.errors import (
     WriterIdReusedError,
 )
 from sink.executor import (
-    LOAD_REASONS,
-    TAG_STEPS,
     TaskContext,
     catch_up_kept_open,
     stats_table,
@@ -50,7 +47,6 @@ from sink.lakehouse.delta_rs import (
     PARTIAL_COLUMN,
     WRITE_COLUMN,
     CommitFailedError,
-    CommitOutcome,
     DeltaTarget,
     append_once,
     rows_in,
@@ -58,11 +54,10 @@ from sink.lakehouse.delta_rs import (
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns, check_history_columns
-from sink.lakehouse.versions import VERSION_CHANGES
 from sink.moves import keep_stored_values, placed
-from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED, record_partitions
-from sink.placement import PLACEMENTS, WITHOUT_PARTITION
+from sink.outcomes import OUTCOMES, QUARANTINED, record_partitions
 from sink.prepare import prepare, tagged_schema, validate_stream, with_hidden_ordering
+from sink.report import BatchReport
 from sink.tagging import DELETE, INSERT, UPDATE
 from sink.tombstones import latest_per_key
 from sink.writing import FILE_OP, WriteContext, Written, read_written, write_batches
@@ -76,16 +71,6 @@ _ABORTED_RERUN = "Spark cannot rollback"
 QUARANTINE_REASON = "_quarantine_reason"
 QUARANTINE_BATCH = "_quarantine_batch_id"
 
-# Where a batch's time goes, in order. checks: schema, contract and replay checks; prepare:
-# planning the routed records; collect: the records into the driver (tag_on = "driver"), while
-# the replicas kept open catch up;
-# tag: the tagging job (executors: route, shuffle, tagging tasks, writing tasks and collect in
-# one Spark job) or threads; split: tags, counts and signals read from the output; changelog:
-# the index changelog's retention (its entries are written by the tagging tasks).
-PHASES = ("checks", "prepare", "collect", "tag", "split", "quarantine", "tombstones", "commit", "changelog",
-          "metrics")
-
-
 @dataclass(frozen=True)
 class TaggedBatch:
     """A batch's tagging job, read back on the driver."""
@@ -96,105 +81,6 @@ class TaggedBatch:
     partitions: pa.Array  # the partition ids the batch's records name
     shards: list[int]  # shards with records
     written: Written | None  # what the writing tasks wrote, when they did
-
-
-@dataclass
-class BatchReport:
-    """What one call did; the job logs it, tests and the demo read it."""
-
-    batch_id: int
-    records_in: int = 0
-    ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
-    hits: int = 0
-    misses: int = 0
-    memory_hits: int = 0  # of the hits, answered by the in-memory tier
-    filter_misses: int = 0  # of the misses, answered by the keyspaces' key filters
-    partition_loads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOAD_REASONS, 0))
-    load_seconds: float = 0.0
-    loaded_keys: int = 0
-    commits_read: int = 0
-    invalidated: int = 0
-    replicas_rebuilt: int = 0  # replicas found new or unusable, bootstrapped
-    replicas_repaired: int = 0  # of those, found damaged (files truncated or corrupt) and wiped
-    # Keys with records in several partitions of this batch: each partition gets its own row
-    # (partitioned scope), which may not be what the user meant.
-    keys_in_several_partitions: int = 0
-    # New keys (of those checked, see cross_partition_check) that the index already holds as
-    # rows of another partition: partitioned scope gives them a second row.
-    keys_in_other_partition: int = 0
-    keys_checked_in_other_partitions: int = 0
-    other_partition_example: list[str] | None = None  # [key, arriving partition, stored partition]
-    # Records with a null partition column (partitioned scope): deletes located in the one
-    # partition holding their key, deletes of keys no partition holds, deletes quarantined as
-    # ambiguous (their key is in several partitions), upserts quarantined (they need one).
-    without_partition: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WITHOUT_PARTITION, 0))
-    # Shard replicas behind on batches this writer tagged on other executors, and the
-    # changelog entries they applied to catch up.
-    shard_moves: int = 0
-    changelog_applied: int = 0
-    evicted: int = 0
-    partitions_held: int = 0
-    cached_records: int = 0
-    cached_bytes: int = 0
-    mode: str = "none"  # COMMIT_KINDS (append | rewrite | merge), skipped (a replay) or none (nothing to change)
-    table_version: int | None = None
-    merge_partitions: int = 0
-    retries: int = 0
-    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark),
-    # and its steps (sink.executor.TAG_STEPS).
-    shard_seconds: float = 0.0
-    jobs_rerun: int = 0  # tagging jobs Spark aborted after losing an executor, run again
-    write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)
-    tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
-    # scd_type = 2: rows of the batch's keys' rebuilt histories, the stored rows they replaced,
-    # and versions opened, closed and split (sink.lakehouse.versions.HistoryRewrite).
-    versions_written: int = 0
-    versions_replaced: int = 0
-    version_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))
-    total_seconds: float = 0.0
-
-    @contextmanager
-    def timed(self, phase: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[phase] += time.perf_counter() - started
-
-    def record(self, outcome: CommitOutcome) -> None:
-        """What the commit did; updates it found the table already held count as unchanged."""
-        self.mode = outcome.mode
-        self.table_version = outcome.version
-        self.merge_partitions = outcome.merge_partitions
-        self.ops[UPDATE] -= outcome.unchanged
-        self.ops[UNCHANGED] += outcome.unchanged
-
-    @property
-    def tag_seconds(self) -> float:
-        return self.phases["collect"] + self.phases["tag"]
-
-    @property
-    def commit_seconds(self) -> float:
-        return self.phases["commit"]
-
-    def summary(self) -> str:
-        o = self.ops
-        return (
-            f"batch={self.batch_id} in={self.records_in} inserted={o['insert']} updated={o['update']} "
-            f"deleted={o['delete']} delete_missing={o['delete_missing']} unchanged={o['unchanged']} "
-            f"stale={o['stale']} "
-            f"superseded={o['superseded']} quarantined={o['quarantined']} "
-            f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
-            f"moves={self.shard_moves} mode={self.mode} "
-            f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
-            f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "
-            f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "
-            f"tag_steps_s={','.join(f'{p}:{s:.3f}' for p, s in self.tag_steps.items() if s >= 0.0005)}"
-            + (f" versions_written={self.versions_written} versions_replaced={self.versions_replaced} "
-               + " ".join(f"versions_{c}={n}" for c, n in self.version_changes.items())
-               if self.versions_written or self.versions_replaced else "")
-        )
 
 
 class UpsertSink:
@@ -564,28 +450,7 @@ class UpsertSink:
         stats_rows = [json.loads(s) for s in tagged.filter(is_stats).column(C.STATS).to_pylist()]
         files = tagged.filter(is_file).column(C.STATS).to_pylist()
         records = tagged.filter(pc.invert(pc.or_(is_stats, is_file)))
-        report.ops = {o: sum(s["ops"][o] for s in stats_rows if "ops" in s) for o in OUTCOMES}
-        report.hits = sum(s.get("hits", 0) for s in stats_rows)
-        report.misses = sum(s.get("misses", 0) for s in stats_rows)
-        for reason in report.partition_loads:
-            report.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
-        report.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
-        report.tag_steps = {step: sum(s["tag_steps"][step] for s in stats_rows) for step in TAG_STEPS}
-        report.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
-        report.filter_misses = sum(s["lookups"]["filter"] for s in stats_rows)
-        for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
-                     "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
-            setattr(report, name, sum(s[name] for s in stats_rows))
-        report.replicas_rebuilt = sum(s["rebuilt"] for s in stats_rows)
-        report.keys_in_other_partition = sum(s["cross_partition_keys"] for s in stats_rows)
-        report.keys_checked_in_other_partitions = sum(s["cross_partition_checked"] for s in stats_rows)
-        report.other_partition_example = next(
-            (s["cross_partition_example"] for s in stats_rows if s["cross_partition_example"]), None)
-        report.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
-        for outcome in PLACEMENTS:
-            report.without_partition[outcome] = sum(s["without_partition"][outcome] for s in stats_rows)
-        report.without_partition["upsert"] = sum(s.get("upserts_without_partition", 0) for s in stats_rows)
-        report.keys_in_several_partitions = sum(s.get("keys_in_several_partitions", 0) for s in stats_rows)
+        report.add_task_stats(stats_rows)
         example = next((s["several_partitions_example"] for s in stats_rows if s.get("several_partitions_example")),
                        None)
         if report.keys_in_several_partitions:
@@ -659,12 +524,10 @@ class UpsertSink:
         batch = self._history_batch(pa.schema([*present, *added]), ctx)
         writes, counts = history_writes(records.filter(pc.is_null(records.column(C.REASON))), batch,
                                         self._target.table)
-        report.ops = {**dict.fromkeys(OUTCOMES, 0), QUARANTINED: report.ops[QUARANTINED], **counts}
         outcome, done = self._target.commit_history(writes, self.writer_id, ctx.batch_id,
                                                     self._commit_metadata(ctx, shards), added)
         report.record(outcome)
-        report.versions_written, report.versions_replaced = done.versions_written, done.versions_replaced
-        report.version_changes = done.changes
+        report.record_history(counts, done.versions_written, done.versions_replaced, done.changes)
 
     def _history_batch(self, schema: pa.Schema, ctx: TaskContext) -> HistoryBatch:
         cfg = self.config
@@ -675,11 +538,8 @@ class UpsertSink:
                         report: BatchReport) -> None:
         """Commit the files the writing tasks wrote."""
         if written.history is not None:  # a history table's tasks counted its events
-            report.ops = {**dict.fromkeys(OUTCOMES, 0), QUARANTINED: report.ops[QUARANTINED],
-                          **written.history["ops"]}
-            report.versions_written = written.history["versions_written"]
-            report.versions_replaced = written.history["versions_replaced"]
-            report.version_changes = written.history["changes"]
+            h = written.history
+            report.record_history(h["ops"], h["versions_written"], h["versions_replaced"], h["changes"])
         if not any(report.ops[o] for o in (INSERT, UPDATE, DELETE, "delete_missing")):
             report.mode = "none"
             report.table_version = self._target.version()

@@ -4,7 +4,7 @@ import urllib.request
 from prometheus_client import REGISTRY
 
 from sink import BatchReport, metrics
-from sink.foreach_batch import PHASES
+from sink.report import PHASES
 
 
 def free_port():
