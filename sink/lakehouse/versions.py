@@ -153,9 +153,8 @@ def merge_rows(uri: str, snapshot: dict[str, list[StoredFile]], writes: HistoryW
         rebuilt = _rebuild(fs, root, snapshot, writes, pool)
     parts, partitions, written, replaced = [_acting(writes.schema.empty_table(), "keep")], [], 0, 0
     for _, old, new in rebuilt.changed(cols):
-        ids = [*writes.key_cols, *(c for c in _bounds(new, cols).column_names if c.startswith("__start"))]
         stored = _bounds(old.before, cols).append_column("__row", pa.array(np.arange(old.before.num_rows)))
-        gone = stored.join(_bounds(new, cols), keys=ids, join_type="left anti").column("__row")
+        gone = stored.join(_bounds(new, cols), keys=_version_id(stored, cols), join_type="left anti").column("__row")
         parts += [_acting(new, "keep"), _acting(old.before.take(gone), "drop")]
         partitions.append(_partition_values(old, new, writes.partition_by))
         written, replaced = written + new.num_rows, replaced + old.before.num_rows
@@ -177,7 +176,7 @@ def version_changes(before: pa.Table, after: pa.Table, cols: HistoryColumns) -> 
     """How the versions of some keys changed from `before` to `after` (a version is its key
     and START_AT): opened, closed, split (see HistoryRewrite)."""
     old, new = _bounds(before, cols), _bounds(after, cols)
-    on = [*cols.key, *(c for c in old.column_names if c.startswith("__start"))]
+    on = _version_id(old, cols)
     opened = new.join(old, keys=on, join_type="left anti").num_rows
     both = old.join(new, keys=on, join_type="inner", right_suffix="__after")
     ends = [c for c in old.column_names if c.startswith("__end_")]
@@ -200,6 +199,11 @@ def _bounds(versions: pa.Table, cols: HistoryColumns) -> pa.Table:
         for i, f in enumerate(fields):
             out = out.append_column(f"{name}_{i}", f)
     return out.append_column("__ended", pc.is_valid(versions.column(END_AT)))
+
+
+def _version_id(bounds: pa.Table, cols: HistoryColumns) -> list[str]:
+    """The columns of `_bounds` naming a version: its key and START_AT."""
+    return [*cols.key, *(c for c in bounds.column_names if c.startswith("__start_"))]
 
 
 def count_true(mask: pa.Array) -> int:
@@ -234,19 +238,19 @@ def _stored(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], probe: 
 
 
 def _by_pid(reads: pa.Table) -> dict[str, pa.Table]:
-    """`reads` by partition id."""
-    if not reads.num_rows:
-        return {}
-    encoded = pc.dictionary_encode(reads.column(PID_COLUMN)).combine_chunks()
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    return {pid: reads.filter(pa.array(codes == i)) for i, pid in enumerate(encoded.dictionary.to_pylist())}
+    """`reads` by their PID_COLUMN."""
+    return _grouped(reads, reads.column(PID_COLUMN))
 
 
 def _by_partition(rows: pa.Table, partition_by: Sequence[str]) -> dict[str, pa.Table]:
     """`rows` by partition id."""
+    return _grouped(rows, keys.partition_ids(rows, partition_by))
+
+
+def _grouped(rows: pa.Table, pids: pa.Array | pa.ChunkedArray) -> dict[str, pa.Table]:
+    """`rows` by their `pids` (one sort, then slices)."""
     if not rows.num_rows:
         return {}
-    pids = keys.partition_ids(rows, partition_by)
     order = pc.sort_indices(pids)
     rows, pids = rows.take(order), pids.take(order)
     starts = np.flatnonzero(np.concatenate([[True], ~pc.equal(pids[1:], pids[:-1]).to_numpy(zero_copy_only=False)]))
