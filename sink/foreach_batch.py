@@ -523,7 +523,7 @@ class UpsertSink:
         added = [f for f in added if f.name not in present.names]  # a retry may have added them
         batch = self._history_batch(pa.schema([*present, *added]), ctx)
         writes, counts = history_writes(records.filter(pc.is_null(records.column(C.REASON))), batch,
-                                        self._target.table)
+                                        lambda: self._target.table)
         outcome, done = self._target.commit_history(writes, self.writer_id, ctx.batch_id,
                                                     self._commit_metadata(ctx, shards), added)
         report.record(outcome)

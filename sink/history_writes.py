@@ -4,6 +4,7 @@ Shared by the driver's commit and the executors' writing tasks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,10 +34,11 @@ class HistoryBatch:
     now: float  # the batch's clock (the tombstone TTL)
 
 
-def history_writes(valid: pa.Table, batch: HistoryBatch, table: DeltaTable) -> tuple[HistoryWrites, dict[str, int]]:
-    """The writes of a history batch's `valid` tagged records (`table`: at the version they
-    were tagged against), and their counts: upserts of keys new to the table (insert), of
-    keys it holds (update), deletes."""
+def history_writes(valid: pa.Table, batch: HistoryBatch,
+                   table: Callable[[], DeltaTable]) -> tuple[HistoryWrites, dict[str, int]]:
+    """The writes of a history batch's `valid` tagged records (`table`: the table at the
+    version they were tagged against, opened only when stored deletes are read), and their
+    counts: upserts of keys new to the table (insert), of keys it holds (update), deletes."""
     pids = keys.partition_ids(valid, batch.partition_by)
     located = batch.scope == "global"
     groups = valid.column(C.KEY) if located else pc.binary_join_element_wise(pids, valid.column(C.KEY), "\x00")

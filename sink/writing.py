@@ -79,24 +79,20 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
                     ctx.incoming_wins_ties, None)
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
-    counts = {"task": {"rows": rows.num_rows, "partitions_changed": len(changed), "unchanged": rewrite.unchanged,
-                       "seconds": time.perf_counter() - started}}
-    actions = [*(added_json(w) for w in rewrite.adds), *(removed_json(f) for f in rewrite.removes), counts]
-    yield _file_rows(ctx.output_schema, [json.dumps(a) for a in actions])
+    yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),
+                                                  "unchanged": rewrite.unchanged,
+                                                  "seconds": time.perf_counter() - started})
 
 
 def _write_histories(ctx: WriteContext, events: pa.Table, started: float) -> pa.RecordBatch:
     """Rebuild the histories of this task's partitions' keys and write their files."""
-    writes, counts = history_writes(events, ctx.history, DeltaTable(ctx.table_uri, version=ctx.table_version))
+    writes, counts = history_writes(events, ctx.history, lambda: DeltaTable(ctx.table_uri, version=ctx.table_version))
     done = versions.rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
-    removed = {tuple(sorted(f.partition_values.items())) for f in done.rewrite.removes}
     history = {"ops": counts, "versions_written": done.versions_written,
                "versions_replaced": done.versions_replaced, "changes": done.changes}
-    task = {"rows": events.num_rows, "partitions_changed": len(removed), "unchanged": 0,
-            "seconds": time.perf_counter() - started, "history": history}
-    actions = [*(added_json(w) for w in done.rewrite.adds), *(removed_json(f) for f in done.rewrite.removes),
-               {"task": task}]
-    return _file_rows(ctx.output_schema, [json.dumps(a) for a in actions])
+    return _file_rows(ctx.output_schema, done.rewrite, {
+        "rows": events.num_rows, "partitions_changed": done.rewrite.partitions_rewritten, "unchanged": 0,
+        "seconds": time.perf_counter() - started, "history": history})
 
 
 @dataclass
@@ -151,7 +147,10 @@ def removed_json(stored: StoredFile) -> dict:
     return {"remove": {"path": stored.path, "size": stored.size, "partition_values": stored.partition_values}}
 
 
-def _file_rows(schema: pa.Schema, texts: list[str]) -> pa.RecordBatch:
+def _file_rows(schema: pa.Schema, rewrite: Rewrite, task: dict) -> pa.RecordBatch:
+    """A writing task's output rows: its files added and removed, then its counts (`task`)."""
+    actions = [*(added_json(w) for w in rewrite.adds), *(removed_json(f) for f in rewrite.removes), {"task": task}]
+    texts = [json.dumps(a) for a in actions]
     n = len(texts)
     values = {C.OP: pa.array([FILE_OP] * n, pa.string()), C.STATS: pa.array(texts, pa.string())}
     return pa.RecordBatch.from_arrays([values.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)

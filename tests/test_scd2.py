@@ -421,6 +421,22 @@ def test_ignore_null_updates_fills_from_the_previous_version_and_a_late_event_re
         UpsertSink(users_config(tmp_path, index="index-3"))(spark.createDataFrame(USER_CHANGES[:1], USERS), 2)
 
 
+def commits_first(sink, method, other_commit) -> list:
+    """Make `other_commit()` run just before `sink`'s next commit (its target's `method`);
+    returns the list of that method's calls."""
+    commit = getattr(sink._target, method)
+    calls = []
+
+    def after_the_other(*args, **kwargs):
+        if not calls:
+            other_commit()
+        calls.append(1)
+        return commit(*args, **kwargs)
+
+    setattr(sink._target, method, after_the_other)
+    return calls
+
+
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 def test_a_second_writer_committing_between_tagging_and_commit_makes_the_batch_rebuild(spark, tmp_path, tag_on):
     """Writer a tags key k as new; writer b commits a version of k before a commits. A blind
@@ -435,17 +451,8 @@ def test_a_second_writer_committing_between_tagging_and_commit_makes_the_batch_r
     theirs = [("k", 3, "u", "theirs", 2)]
     a(spark.createDataFrame([("seed", 1, "u", "s", 1)], EVENTS_NO_DT), 0)
     # Tagged on executors, the writing tasks wrote the files: the driver commits them.
-    name = "commit_written" if tag_on == "executors" else "commit_history"
-    commit = getattr(a._target, name)
-    calls = []
-
-    def b_gets_there_first(*args, **kwargs):
-        if not calls:
-            b(spark.createDataFrame(theirs, EVENTS_NO_DT), 0)
-        calls.append(1)
-        return commit(*args, **kwargs)
-
-    setattr(a._target, name, b_gets_there_first)
+    calls = commits_first(a, "commit_written" if tag_on == "executors" else "commit_history",
+                          lambda: b(spark.createDataFrame(theirs, EVENTS_NO_DT), 0))
     a(spark.createDataFrame(ours, EVENTS_NO_DT), 1)
     events = [{"id": i, "seq": s, "is_delete": op == "d", "name": n, "score": sc}
               for i, s, op, n, sc in [("seed", 1, "u", "s", 1), *ours, *theirs]]
@@ -525,16 +532,7 @@ def test_in_global_scope_a_second_writers_move_between_tagging_and_commit_is_reb
             Event("j", None, 4, "d", "gone")]
     theirs = [Event("k", "2025-01-02", 3, "u", "theirs")]
     a(spark.createDataFrame(seed, EVENT_SCHEMA), 0)
-    commit = a._target.commit_history
-    calls = []
-
-    def b_gets_there_first(*args, **kwargs):
-        if not calls:
-            b(spark.createDataFrame(theirs, EVENT_SCHEMA), 0)
-        calls.append(1)
-        return commit(*args, **kwargs)
-
-    a._target.commit_history = b_gets_there_first
+    calls = commits_first(a, "commit_history", lambda: b(spark.createDataFrame(theirs, EVENT_SCHEMA), 0))
     a(spark.createDataFrame(ours, EVENT_SCHEMA), 1)
     assert (len(calls), a.reports[-1].retries) == (2, 1)
     assert history_rows(str(tmp_path / "t")) == expected_history([seed, theirs, ours], scope="global")

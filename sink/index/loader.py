@@ -127,14 +127,15 @@ def read_global(
              for batch in pa.RecordBatchReader.from_stream(table.scan(columns=columns))]
     rows = pa.concat_tables([_empty(width, located=True), *parts])
     live, spread = _one_per_key(rows, width)
-    if tombstones is not None:
-        tomb_rows = _located(committed_tombstones(table, tombstones, None, columns), key_cols, partition_cols,
-                             ordering, shard, num_shards, stamped=True)
+    tomb_rows = None if tombstones is None else _located(committed_tombstones(table, tombstones, None, columns),
+                                                         key_cols, partition_cols, ordering, shard, num_shards,
+                                                         stamped=True)
+    if tomb_rows is not None:
         tomb, _ = _one_per_key(tomb_rows, width)
         live = _overlay(live, tomb, width, located=True)
-        rows = pa.concat_tables([rows, tomb_rows.drop_columns(["at"])])
     if history:
-        lists = history_locations.partition_lists(rows.column("k"), rows.column("l"))
+        named = pa.concat_tables([t.select(["k", "l"]) for t in (rows, tomb_rows) if t is not None])
+        lists = history_locations.partition_lists(named.column("k"), named.column("l"))
         live = live.drop_columns(["l"]).join(lists, "k", join_type="left outer")
         spread = 0  # a history table keeps a key's versions where their values say
     return GlobalRead(live.take(pc.sort_indices(live, [("k", "ascending")])), spread, width)

@@ -161,7 +161,7 @@ class DeltaTarget:
 
     def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
-                       ) -> tuple[CommitOutcome, versions.HistoryRewrite]:
+                       ) -> tuple[CommitOutcome, versions.HistoryRewrite | versions.HistoryMerge]:
         """SCD type 2: commit the batch's keys' rebuilt histories in one transaction carrying
         (app_id, batch_id): "rewrite" when it replaces files, else "append" (even an empty
         one, so the app transaction is recorded); `added_columns` (in `writes.schema`) join
@@ -183,17 +183,14 @@ class DeltaTarget:
             if merged.source.num_rows:
                 merge.commit_history(self.table, merged, writes.key_cols, self.partition_by, writes.schema, props)
             self._record_batch(app_id, batch_id, writes.schema, props)
-            done = versions.HistoryRewrite(rewrite.Rewrite([], []), merged.versions_written, merged.versions_replaced,
-                                           merged.changes)
-            return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(merged.partitions)), done
+            return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(merged.partitions)), merged
         done = versions.rewrite_files(self.uri, snapshot, writes)
         mode = "rewrite" if done.rewrite.removes else "append"
         props = _commit_properties(app_id, batch_id, custom_metadata, mode)
         self._add_columns(added_columns, before)
         rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, writes.schema, props)
-        changed = len({tuple(sorted(f.partition_values.items())) for f in done.rewrite.removes})
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), changed), done
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), done.rewrite.partitions_rewritten), done
 
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         """Add the batch's new columns in a metadata commit right after version `before`.

@@ -74,6 +74,11 @@ class Rewrite:
     def empty(self) -> bool:
         return not (self.adds or self.removes)
 
+    @property
+    def partitions_rewritten(self) -> int:
+        """Partitions whose files it replaces."""
+        return len({tuple(sorted(f.partition_values.items())) for f in self.removes})
+
 
 def commit(table: DeltaTable, uri: str, writes: Writes) -> Rewrite:
     """Rewrite and commit on the version `table` has loaded (or fail: no retries); returns what

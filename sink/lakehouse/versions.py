@@ -13,7 +13,7 @@ transaction, as the type 1 rewrite's.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -273,16 +273,17 @@ def _same(before: pa.Table, after: pa.Table, cols: HistoryColumns) -> bool:
     return before.sort_by(order).equals(after.sort_by(order))
 
 
-def free_deletes(table: DeltaTable, tombstone_uri: str, pids: Sequence[str], cols: HistoryColumns,
+def free_deletes(table: Callable[[], DeltaTable], tombstone_uri: str, pids: Sequence[str], cols: HistoryColumns,
                  schema: pa.Schema, ttl_seconds: int | None, now: float) -> pa.Table:
-    """The deletes the tombstone table keeps in partitions `pids` (of batches `table` holds,
-    not expired under the TTL as of `now`), as events."""
+    """The deletes the tombstone table keeps in partitions `pids` (of batches `table()` holds,
+    not expired under the TTL as of `now`), as events. `table` is opened only when there
+    are any to read."""
     shape = events_schema(schema, cols)
     if not pids or not DeltaTable.is_deltatable(tombstone_uri):
         return shape.empty_table()
     tombstones = DeltaTable(tombstone_uri)
     where = partitions_predicate(pids, {f.name: f.type for f in pa.schema(tombstones.schema().to_arrow())})
-    rows = committed_tombstones(table, tombstones, where, [*cols.key, *cols.ordering])
+    rows = committed_tombstones(table(), tombstones, where, [*cols.key, *cols.ordering])
     rows = rows.filter(pc.invert(expired_rows(rows, ttl_seconds, now)))
     columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names
                else pa.array(np.ones(rows.num_rows, bool)) if f.name == cols.delete
