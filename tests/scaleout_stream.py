@@ -4,7 +4,8 @@ oracle after every batch. Streams: "plain" and "cdf" (partitioned scope, without
 the change data feed), "global" (scope "global": moves, key-only deletes, re-sends), "crash"
 (plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
 files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" and
-"global-history" (plain and global into an SCD type 2 table, the seed its first batch).
+"global-history" (plain and global into an SCD type 2 table, the seed its first batch),
+"history-crash" (history, killed as crash is).
 
 Where the scheduler sends a shard's task is up to Spark, and a stream can keep every shard on
 one executor. So in OCCUPIED_BATCHES (but in the crash stream) one executor is kept busy by a
@@ -48,7 +49,7 @@ from tests.oracle import (
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
-STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history")
+STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash")
 CRASH_BATCHES = (2, 5)
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
 OCCUPIED_BATCHES = (2, 4, 6)
@@ -180,7 +181,8 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     from sink import SinkConfig, UpsertSink
 
     scope = "global" if name.startswith("global") else "partitioned"
-    history = name.endswith("history")
+    history = "history" in name
+    crash = name.endswith("crash")
     cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
                      num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if history else 1)
@@ -197,7 +199,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     else:
         seed_table(cfg.table_uri, seed, cdf=name == "cdf")
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
-    if name == "crash":
+    if crash:
         from sink import foreach_batch
 
         foreach_batch.write_batches = functools.partial(write_then_kill, str(work))
@@ -213,11 +215,11 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         landing.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), landing)
         df = spark.read.schema(SCHEMA).parquet(str(landing))
-        armed = name == "crash" and b in CRASH_BATCHES
+        armed = crash and b in CRASH_BATCHES
         if armed:
             (work / ARMED).touch()
         occupation = None
-        if name != "crash" and b in OCCUPIED_BATCHES:
+        if not crash and b in OCCUPIED_BATCHES:
             occupation = Occupation(spark, work / "occupation", avoid=last_occupied)
             last_occupied = occupation.occupied()
         started = time.perf_counter()
