@@ -36,7 +36,7 @@ from deltalake import DeltaTable
 from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
-from sink.index import changelog, history_locations
+from sink.index import changelog, history_locations, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import expire_before, ordering_names
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions, table_partitions
@@ -561,10 +561,15 @@ FLUSH_EVERY_S = 60.0
 
 @contextmanager
 def _replica(ctx: TaskContext, path, flush: bool = True):
-    """The shard's replica for one use; `flush`: a replica kept open is flushed after it when
-    its last flush is FLUSH_EVERY_S old."""
+    """The shard's replica for one use: kept open by the driver (`flush`: flushed after the use
+    when its last flush is FLUSH_EVERY_S old) or by a reused Python worker (checkpointed in
+    the background, sink.index.worker_replicas), else opened and closed."""
     options = {"hot_cache_entries": ctx.hot_cache_entries, "block_cache_bytes": ctx.block_cache_bytes}
     if not ctx.keep_open:
+        if worker_replicas.reused_worker():
+            with worker_replicas.use(path, ctx.spec, **options) as replica:
+                yield replica
+            return
         with ShardReplica.open(path, ctx.spec, **options) as replica:
             yield replica
         return

@@ -6,7 +6,7 @@ from prometheus_client import REGISTRY
 from sink import SinkConfig, UpsertSink
 from sink.cli import main
 from tests import damage
-from tests.oracle import SCHEMA, expected_rows, random_batches
+from tests.oracle import SCHEMA, expected_rows, random_batches, taken_back
 from tests.test_foreach_batch import table_rows
 
 pytestmark = pytest.mark.spark
@@ -38,9 +38,10 @@ def test_a_damaged_replica_is_rebuilt_and_the_stream_stays_exact(spark, tmp_path
 def test_verify_and_inspect_report_a_damaged_replica_and_bootstrap_repairs_it(spark, tmp_path, capsys):
     cfg = SinkConfig(table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=1, metrics_port=0,
-                     tag_on="executors")  # replicas closed after the batch, as when the job has ended
+                     tag_on="executors")  # a Python worker keeps the replica: taken back, as when the job ends
     batches = random_batches(5, batches=1, per_batch=3000, keys=6000, days=2, bad_share=0)
     UpsertSink(cfg)(spark.createDataFrame(batches[0], SCHEMA), 0)
+    taken_back(cfg.index_dir)
     conf = tmp_path / "sink.toml"
     conf.write_text(f'[sink]\ntable_uri = "{cfg.table_uri}"\nkey = ["id"]\npartition_by = ["dt"]\nordering = "ts"\n'
                     f'writer_id = "w"\nindex_dir = "{cfg.index_dir}"\nnum_shards = 1\n')

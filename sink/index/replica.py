@@ -79,6 +79,8 @@ _META_PART = b"part:"
 _META_INVALIDATED = b"invalidated:"  # dropped by catch-up; its next load counts as caused by that
 # The keyspaces' key filters, saved at a clean close (each valid under the token it names).
 KEY_FILTER_FILE = "keys.filter"
+# Written by an open that waits for the replica's lock: the worker keeping it open lets go.
+RELEASE_FILE = "RELEASE"
 # Above this many entries a partition load goes through an SST file and ingest.
 _SST_THRESHOLD = 20_000
 
@@ -197,6 +199,7 @@ class ShardReplica:
         # holds writes flushes that memtable (~1.5 ms each, measured), which every lookup of a
         # partition the last batch wrote to would pay.
         self._cfs: dict[str, Rdict] = {}
+        self._identity = _identity(path)
         self.flushed_at = time.monotonic()
         # Lookup counts of this open: distinct keys found in memory, in RocksDB, not found by
         # RocksDB, or not found by the keyspace's key filter.
@@ -270,8 +273,7 @@ class ShardReplica:
             repaired = wipe_damaged(path, e)
             replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes)
         replica.tier = tier_for(str(path), hot_cache_entries, replica._db.get(_META_TOKEN))
-        replica._db[_META_DIRTY] = b"1"
-        replica._db.flush()
+        replica.mark_dirty()
         replica.repaired = repaired
         return replica
 
@@ -318,10 +320,15 @@ class ShardReplica:
         return cf
 
     def close(self) -> None:
-        """Flush every column family, then mark the replica clean."""
-        if self.read_only:
-            self._close_db()
-            return
+        """Flush every column family, then mark the replica clean (unless a checkpoint since
+        its last write did)."""
+        if not self.read_only and not self.clean:
+            self.checkpoint()
+        self._close_db()
+
+    def checkpoint(self) -> None:
+        """What a close saves, the handle kept open: every column family flushed, the key
+        filters saved, the replica marked clean. The next write needs `mark_dirty` first."""
         self.flush()
         token = os.urandom(8)
         self._save_key_filters(token)
@@ -329,17 +336,22 @@ class ShardReplica:
         self._db[_META_DIRTY] = b"0"
         self._db.flush()
         self.tier.token = token
-        self._close_db()
+
+    def mark_dirty(self) -> None:
+        """Mark the replica in use (the WAL is off: a process that dies now leaves it dirty)."""
+        self._db[_META_DIRTY] = b"1"
+        self._db.flush()
 
     # --- kept open by one process --------------------------------------------------------
 
     @classmethod
     def acquire(cls, path: str | os.PathLike[str], spec: str, **options) -> ShardReplica:
         """The replica at `path`, kept open for this process across calls (tagging on the
-        driver: no other process uses it). Reopened when its directory was removed."""
+        driver, or in a reused worker: sink.index.worker_replicas). Reopened when its
+        directory was removed."""
         key = str(path)
         replica = _KEPT_OPEN.get(key)
-        if replica is not None and not (Path(path) / "CURRENT").exists():
+        if replica is not None and replica.replaced():
             replica._abandon()
             replica = None
         if replica is None:
@@ -351,11 +363,20 @@ class ShardReplica:
             replica = _KEPT_OPEN[key] = cls.open(path, spec, **options)
         else:
             replica.repaired = None  # a repair at its open was reported by the use that opened it
+            if replica.clean:  # checkpointed since its last use
+                replica.mark_dirty()
         replica.lookups = dict.fromkeys(replica.lookups, 0)
         return replica
 
+    def replaced(self) -> bool:
+        """Whether its directory no longer holds this open database: removed, or another one
+        made in its place (a replica lost and rebuilt by another process)."""
+        return _identity(self.path) != self._identity
+
     def _abandon(self) -> None:
-        """Let go of a replica whose directory is gone: nothing of it can be saved."""
+        """Let go of a replica whose directory was removed or replaced, or that cannot be closed
+        cleanly: nothing of it can be saved. The handle is closed all the same (RocksDB's lock
+        on the path is per process)."""
         _KEPT_OPEN.pop(str(self.path), None)
         self.tier.clear()
         try:
@@ -815,9 +836,22 @@ def _deleted_at(changes: pa.Table):
 _KEPT_OPEN: dict[str, ShardReplica] = {}
 
 
+def _identity(path: Path) -> bytes | None:
+    """The database's id RocksDB wrote when it made the directory's database."""
+    try:
+        return (path / "IDENTITY").read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def is_kept_open(path: str | os.PathLike[str]) -> bool:
     """Whether this process keeps the replica at `path` open (`acquire`)."""
     return str(path) in _KEPT_OPEN
+
+
+def kept_open(path: str | os.PathLike[str]) -> ShardReplica | None:
+    """The replica at `path` if this process keeps it open (`acquire`)."""
+    return _KEPT_OPEN.get(str(path))
 
 
 def close_kept_open(under: Path | None = None) -> None:
@@ -828,7 +862,7 @@ def close_kept_open(under: Path | None = None) -> None:
         if under is not None and not replica.path.is_relative_to(under):
             continue
         _KEPT_OPEN.pop(str(replica.path), None)
-        if not (replica.path / "CURRENT").exists():
+        if replica.replaced():
             replica._abandon()
             continue
         try:
@@ -840,12 +874,17 @@ def close_kept_open(under: Path | None = None) -> None:
 
 
 def _open_locked(path: Path, timeout_s: float, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> Rdict:
-    """Open read-write, waiting for another process's lock to go (a retried task)."""
+    """Open read-write, waiting for another process's lock to go (a retried task, or a worker
+    that keeps the replica open, which RELEASE_FILE asks to let go)."""
     deadline = time.monotonic() + timeout_s
-    delay = 0.05
+    delay = 0.02
     while True:
         try:
-            return Rdict(str(path), _options(block_cache_bytes))
+            db = Rdict(str(path), _options(block_cache_bytes))
+            # Ours now: a request left by this open (or by one before, whose holder died) is
+            # answered; one that arrives later is written again by its waiting open.
+            (path / RELEASE_FILE).unlink(missing_ok=True)
+            return db
         except Exception as e:  # rocksdict raises a bare Exception for IO errors
             if "lock" not in str(e).lower():
                 raise
@@ -853,5 +892,6 @@ def _open_locked(path: Path, timeout_s: float, block_cache_bytes: int = DEFAULT_
                 raise ReplicaLockedError(
                     f"replica {path} is locked by another process for over {timeout_s:.0f}s"
                 ) from e
+            (path / RELEASE_FILE).touch()
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, 0.5)

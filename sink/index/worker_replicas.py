@@ -1,0 +1,121 @@
+"""Replicas a reused Spark Python worker keeps open between its tagging tasks.
+
+A tagging task on an executor used to open its shard's replica and close it again, both on
+the task's time: the open ~0.05 s, the close a flush of every column family the batch wrote
+(~1.5 ms each, 0.1-0.2 s a batch). A reused worker (`spark.python.worker.reuse`, Spark's
+default) keeps the replicas it used open for its next tasks instead, and a background thread
+checkpoints each one right after its use (`ShardReplica.checkpoint`: flushed, key filters
+saved, marked clean), off the task's time.
+
+- Spark stops idle workers without warning (a closed socket, or SIGKILL). A checkpointed
+  replica is found clean by the next open; one lost before its checkpoint is dirty and
+  rebuilt, never trusted, as when a task is killed.
+- One process holds a replica (RocksDB's lock). Another process that needs it writes
+  `RELEASE_FILE` in its directory while its open waits for the lock; the holder closes it once
+  its use and checkpoint are done.
+- A worker keeps at most MAX_KEPT replicas (each holds table files and memory); past it, the
+  least recently used one is closed after its checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from sink.index.replica import RELEASE_FILE, ShardReplica, close_kept_open, kept_open
+
+log = logging.getLogger("sink.index")
+
+MAX_KEPT = 8
+# How often the background thread looks for release requests (a stat per kept replica).
+POLL_S = 0.05
+
+
+def reused_worker(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process is a Spark Python worker that serves several tasks: Spark sets
+    SPARK_REUSE_WORKER for its workers when spark.python.worker.reuse is on."""
+    return bool(env.get("SPARK_REUSE_WORKER"))
+
+
+class _Kept:
+    """A replica this worker keeps open: its use lock (a task's use, or a checkpoint or release
+    by the background thread) and whether it awaits its checkpoint."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.due = False
+
+
+_KEPT: OrderedDict[str, _Kept] = OrderedDict()  # least recently used first
+_KEPT_LOCK = threading.Lock()  # guards _KEPT and the background thread's start
+_WAKE = threading.Event()
+_keeper: threading.Thread | None = None
+
+
+@contextmanager
+def use(path: str | os.PathLike[str], spec: str, **options) -> Iterator[ShardReplica]:
+    """The replica at `path` for one task's use, kept open after it (`ShardReplica.acquire`
+    options); its checkpoint runs in the background once the use ends."""
+    key = str(path)
+    with _KEPT_LOCK:
+        kept = _KEPT.get(key) or _KEPT.setdefault(key, _Kept())
+        _KEPT.move_to_end(key)
+        _start_keeper()
+    with kept.lock:
+        # A use that fails leaves the replica unmarked (dirty): its next use goes on with it,
+        # as a kept-open replica's does on the driver; a damaged one is wiped by the caller.
+        yield ShardReplica.acquire(path, spec, **options)
+        kept.due = True
+    _WAKE.set()
+
+
+def _start_keeper() -> None:
+    global _keeper
+    if _keeper is None or not _keeper.is_alive():
+        _keeper = threading.Thread(target=_keep, name="sink-replica-keeper", daemon=True)
+        _keeper.start()
+
+
+def _keep() -> None:
+    while True:
+        _WAKE.wait(POLL_S)
+        _WAKE.clear()
+        keep_up()
+
+
+def keep_up() -> None:
+    """One round of the background thread: checkpoint the replicas whose use ended, and close
+    those another process asked for, or past MAX_KEPT. A replica in use is left to its next
+    round."""
+    with _KEPT_LOCK:
+        kept = list(_KEPT.items())
+    excess = len(kept) - MAX_KEPT
+    for i, (key, entry) in enumerate(kept):
+        if not entry.lock.acquire(blocking=False):
+            continue
+        try:
+            _keep_one(key, entry, release=i < excess or (Path(key) / RELEASE_FILE).exists())
+        finally:
+            entry.lock.release()
+
+
+def _keep_one(key: str, entry: _Kept, release: bool) -> None:
+    replica = kept_open(key)
+    if replica is not None and replica.replaced():
+        release = True  # lost under it: let go at once, never checkpointed into another's directory
+    elif replica is not None and entry.due:
+        entry.due = False
+        try:
+            replica.checkpoint()
+        except Exception:  # a full disk, say: the close below lets it go
+            release = True
+    if replica is None or release:
+        with _KEPT_LOCK:
+            _KEPT.pop(key, None)
+        # One that fails to close is let go (and logged): it rebuilds on its next open.
+        close_kept_open(under=Path(key))
