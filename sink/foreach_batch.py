@@ -56,11 +56,11 @@ from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns, check_history_columns
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, record_partitions
-from sink.prepare import prepare, tagged_schema, validate_stream, with_hidden_ordering
+from sink.prepare import prepare, sql_string, tagged_schema, validate_stream, with_hidden_ordering
 from sink.report import BatchReport
 from sink.tagging import DELETE, INSERT, UPDATE
 from sink.tombstones import latest_per_key
-from sink.writing import FILE_OP, WriteContext, Written, read_written, write_batches
+from sink.writing import FILE_OP, INSERT_SPLIT, WriteContext, Written, read_written, write_batches
 
 log = logging.getLogger("sink")
 
@@ -439,8 +439,10 @@ class UpsertSink:
             output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version,
             history=self._history_batch(schema, ctx) if cfg.scd_type == 2 else None,
         )
-        route = [F.col(keys.quoted_column(c)) for c in cfg.partition_by] or [F.lit(0)]
-        return tagging.repartition(ctx.num_shards, *route).mapInArrow(partial(write_batches, wctx), out_schema)
+        route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
+                                            INSERT_SPLIT)
+        return tagging.repartition(ctx.num_shards, F.expr(route)).mapInArrow(partial(write_batches, wctx),
+                                                                             out_schema)
 
     def _read_tags(self, tagged: pa.Table, report: BatchReport) -> TaggedBatch:
         """Split the job's output into records, stats and written files; fill the report's

@@ -58,8 +58,23 @@ def spark_route_expr(num_shards: int) -> str:
     Spark partition s: one shard per tagging task. Repartitioning by the shard itself hashes
     it again, and shards collide (with 2 shards both land in one task: measured, one core
     tagged the whole batch while the other idled)."""
-    routes = ", ".join(str(r) for r in shard_routes(num_shards))
-    return f"CAST(element_at(array({routes}), CAST({C.SHARD} AS INT) + 1) AS BIGINT)"
+    return _routed(C.SHARD, num_shards)
+
+
+def spark_write_route_expr(partition_cols: Sequence[str], insert: str, tasks: int, insert_split: int) -> str:
+    """SQL for the column to `repartition(tasks, ...)` tagged writes by: a partition's writes
+    that change stored rows in the task its partition hashes to (a file's changes must meet in
+    one task), its new keys (`insert`: SQL true for them) spread by key over that task and the
+    next `insert_split - 1`, each of which writes them a file of their own."""
+    base = f"CAST(hash({', '.join(quoted_column(c) for c in partition_cols) or '0'}) AS BIGINT)"
+    spread = f"IF({insert}, pmod(xxhash64({C.KEY}), {int(insert_split)}), 0)"
+    return _routed(f"pmod({base} + {spread}, {int(tasks)})", tasks)
+
+
+def _routed(task_sql: str, tasks: int) -> str:
+    """SQL routing a row to Spark partition `task_sql` (0 <= it < tasks) by `repartition`."""
+    routes = ", ".join(str(r) for r in shard_routes(tasks))
+    return f"CAST(element_at(array({routes}), CAST({task_sql} AS INT) + 1) AS BIGINT)"
 
 
 @functools.cache

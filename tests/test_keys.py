@@ -99,3 +99,21 @@ def test_each_shard_lands_in_its_own_spark_partition(spark, num_shards):
     routed = df.repartition(num_shards, F.expr(keys.spark_route_expr(num_shards)))
     placed = routed.select(C.SHARD, F.spark_partition_id().alias("p")).distinct().toArrow().to_pylist()
     assert sorted((r[C.SHARD], r["p"]) for r in placed) == [(s, s) for s in range(num_shards)]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("tasks", [1, 2, 3, 8])
+def test_writes_that_change_stored_rows_meet_in_their_partitions_task_new_keys_spread(spark, tasks):
+    """Routed by `spark_write_route_expr`: a partition's updates and deletes all in one task (a
+    file's changes must meet there), its new keys over that task and the next (INSERT_SPLIT 2)."""
+    rows = [(f"2026-01-{d:02d}", f"k{i}", "insert" if i % 3 else "update") for d in range(1, 21) for i in range(60)]
+    df = spark.createDataFrame(rows, f"dt string, {C.KEY} string, {C.WRITE} string")
+    route = keys.spark_write_route_expr(["dt"], f"{C.WRITE} = 'insert'", tasks, 2)
+    placed = df.repartition(tasks, F.expr(route)).select("dt", C.WRITE, F.spark_partition_id().alias("p"))
+    by_partition: dict[tuple[str, str], set[int]] = {}
+    for r in placed.toArrow().to_pylist():
+        by_partition.setdefault((r["dt"], r[C.WRITE]), set()).add(r["p"])
+    for d in range(1, 21):
+        dt = f"2026-01-{d:02d}"
+        (changing,) = by_partition[(dt, "update")]
+        assert by_partition[(dt, "insert")] == {changing, (changing + 1) % tasks}
