@@ -212,7 +212,7 @@ class UpsertSink:
         else:
             num_shards = self._num_shards(batch_df)
             with report.timed("prepare"):
-                prepared = prepare(batch_df, cfg, num_shards)
+                prepared = prepare(batch_df, cfg, num_shards, with_key=not self._on_driver)
             self._process(prepared, batch_df, batch_id, num_shards, added, report)
         report.total_seconds = time.perf_counter() - started
         with report.timed("metrics"):
@@ -384,6 +384,7 @@ class UpsertSink:
                 with report.timed("collect"):
                     ahead = pool.submit(catch_up_kept_open, ctx)
                     records = prepared.toArrow()
+                    records = records.append_column(C.KEY, keys.encode_keys(records, self.config.key))
                 with report.timed("tag"):
                     caught_up = ahead.result()
                     tagged = tag_locally(ctx, records, os.cpu_count() or 1)

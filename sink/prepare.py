@@ -131,10 +131,13 @@ def _delete_sql(cfg: SinkConfig) -> str:
     return f"coalesce(({cfg.delete_when}), false)" if cfg.delete_when else "false"
 
 
-def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
+def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int, with_key: bool = True) -> DataFrame:
     """Add the helper columns: scan sequence and input file, quarantine reason, encoded key, shard,
     ordering values as BIGINT (one per ordering column) and the delete flag. One selectExpr:
-    building the plan column by column costs a py4j round trip per expression (~0.05 s a batch)."""
+    building the plan column by column costs a py4j round trip per expression (~0.05 s a batch).
+    `with_key=False` leaves the encoded key out, for a batch collected as Arrow, where
+    `keys.encode_keys` makes it from the key columns at a fraction of Spark's cost to compute
+    and ship it (a single string key is the key column itself)."""
     key_expr = keys.spark_key_expr(cfg.key)
     orderings = [f"{keys.spark_ordering_expr(c, df.schema[c].dataType.typeName())} AS {helper}"
                  for c, helper in zip(cfg.ordering_columns, helper_columns(len(cfg.ordering_columns)))]
@@ -145,7 +148,7 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int) -> DataFrame:
         f"monotonically_increasing_id() AS {C.SEQ}",
         f"xxhash64(input_file_name()) AS {C.FILE}",
         f"{quarantine_reason(cfg, df.schema)} AS {C.REASON}",
-        f"{key_expr} AS {C.KEY}",
+        *([f"{key_expr} AS {C.KEY}"] if with_key else []),
         f"{keys.spark_shard_expr(key_expr, num_shards)} AS {C.SHARD}",
         *orderings,
         f"{_delete_sql(cfg)} AS {C.DELETE}",

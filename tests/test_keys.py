@@ -67,12 +67,13 @@ def test_shard_of_is_python_modulo_of_signed_xxh64():
 @pytest.mark.spark
 def test_spark_routing_equals_the_python_shard_function(spark):
     ids = [f"key-{i}" for i in range(1500)] + NON_ASCII + ["x" * 300]
-    rows = [(k, i % 5, dt.date(2025, 1, 1 + i % 3), 1) for i, k in enumerate(ids)]
-    df = spark.createDataFrame(rows, "id string, n int, d date, ts long")
+    rows = [(k, i % 5, dt.date(2025, 1, 1 + i % 3), i % 2 == 0, -(2**40) * i, i % 7 - 3, 1) for i, k in enumerate(ids)]
+    df = spark.createDataFrame(rows, "id string, n int, d date, b boolean, l long, t tinyint, ts long")
     single = SinkConfig(table_uri="/t", key=["id"], ordering="ts", writer_id="w")
     multi = SinkConfig(table_uri="/t", key=["id", "n", "d"], ordering="ts", writer_id="w")
-    for cfg in (single, multi):
-        out = prepare(df, cfg, 13).select("id", "n", "d", C.KEY, C.SHARD,
+    other_types = SinkConfig(table_uri="/t", key=["b", "l", "t"], ordering="ts", writer_id="w")
+    for cfg in (single, multi, other_types):
+        out = prepare(df, cfg, 13).select("id", "n", "d", "b", "l", "t", C.KEY, C.SHARD,
                                           F.xxhash64(C.KEY).alias("h")).toArrow()
         python_keys = keys.encode_keys(out, cfg.key)
         assert python_keys.to_pylist() == out.column(C.KEY).to_pylist()
