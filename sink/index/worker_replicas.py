@@ -19,7 +19,6 @@ saved, marked clean), off the task's time.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections import OrderedDict
@@ -28,8 +27,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sink.index.replica import RELEASE_FILE, ShardReplica, close_kept_open, kept_open
-
-log = logging.getLogger("sink.index")
 
 MAX_KEPT = 8
 # How often the background thread looks for release requests (a stat per kept replica).
@@ -63,10 +60,12 @@ def use(path: str | os.PathLike[str], spec: str, **options) -> Iterator[ShardRep
     options); its checkpoint runs in the background once the use ends."""
     key = str(path)
     with _KEPT_LOCK:
-        kept = _KEPT.get(key) or _KEPT.setdefault(key, _Kept())
-        _KEPT.move_to_end(key)
+        kept = _KEPT.setdefault(key, _Kept())
         _start_keeper()
     with kept.lock:
+        with _KEPT_LOCK:  # again: the background thread may have let it go while this waited
+            _KEPT[key] = kept
+            _KEPT.move_to_end(key)
         # A use that fails leaves the replica unmarked (dirty): its next use goes on with it,
         # as a kept-open replica's does on the driver; a damaged one is wiped by the caller.
         yield ShardReplica.acquire(path, spec, **options)
