@@ -140,3 +140,30 @@ def test_another_process_gets_a_replica_a_worker_keeps_open(root):
     finally:
         worker.stdin.close()
         worker.wait(timeout=30)
+
+
+def test_a_worker_killed_before_its_checkpoint_leaves_a_replica_that_is_rebuilt_not_trusted(root):
+    """Spark SIGKILLs a worker after its second task, before that task's checkpoint: what the
+    task wrote was never flushed (the WAL is off), so the replica, clean on disk as of the
+    first task, must not be read as it is."""
+    path = replica_path(root, "t", 0, 1)
+    worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from sink.index import worker_replicas
+        from sink.index.entry import Entry
+        worker_replicas._start_keeper = lambda: None  # checkpoints only where this says
+        with worker_replicas.use({str(path)!r}, {SPEC!r}) as replica:
+            replica.load_partition("dt=1", [b"a"], [Entry(7)], reason="on_demand")
+        worker_replicas.keep_up()  # the first task's checkpoint: clean on disk
+        with worker_replicas.use({str(path)!r}, {SPEC!r}) as replica:
+            replica.load_partition("dt=2", [b"b"], [Entry(8)], reason="on_demand")
+        print("kept", flush=True)  # the second task's checkpoint never runs
+        sys.stdin.read()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "kept"
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+    with ShardReplica.open(path, SPEC, lock_timeout_s=30) as replica:
+        assert replica.partitions() == {}  # wiped as dirty: a reload, never a half-written replica
