@@ -177,19 +177,14 @@ def _older(incoming: np.ndarray, stored: np.ndarray, incoming_wins_ties: bool) -
 
 
 def _lookup_groups(pids: pa.Array, keys: pa.Array, lookup: LookupPacked, width: int):
-    """(found, ordering, deleted, deleted_at) of each distinct key, one lookup call per partition."""
-    encoded = pc.dictionary_encode(pids)
-    names = encoded.dictionary.to_pylist()
-    if len(names) == 1:
-        return unpack_many(lookup(names[0], keys.to_pylist()), width)
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    raws = np.empty(len(keys), object)
-    for code, pid in enumerate(names):
-        where = np.flatnonzero(codes == code)
-        answers = np.empty(len(where), object)
-        answers[:] = lookup(pid, keys.take(pa.array(where)).to_pylist())
-        raws[where] = answers
-    return unpack_many(raws.tolist(), width)
+    """(found, ordering, deleted, deleted_at) of each distinct key, one lookup call per
+    partition. `pids` is sorted, so each partition's keys are one slice."""
+    n = len(keys)
+    bounds = [0, *(np.flatnonzero(pc.not_equal(pids[1:], pids[:-1]).to_numpy(zero_copy_only=False)) + 1).tolist(), n]
+    raws: list[bytes | None] = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        raws.extend(lookup(pids[start].as_py(), keys.slice(start, end - start).to_pylist()))
+    return unpack_many(raws, width)
 
 
 def _shielded(shield: str, lookup: LookupOne, pids: pa.Array, keys: pa.Array, found: np.ndarray,

@@ -223,3 +223,33 @@ def test_a_delete_kept_in_the_shield_makes_older_upserts_of_its_key_stale_in_any
                 lookup, shield=(shield, lambda ks: lookup(shield, ks)))
     assert (later.op.to_pylist(), later.write.to_pylist()) == (["insert"], ["insert"])
     assert later.changes_dict() == {P: {b"k": Entry(6)}}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_several_partitions_each_tagged_against_its_own_entries_one_lookup_each(seed):
+    rng = random.Random(seed)
+    pids = [f"dt=2025-01-0{i}" for i in range(1, rng.randint(2, 6))]
+    keys = [f"k{i}" for i in range(rng.randint(1, 30))]
+    index = {p: {k: Entry(rng.randint(0, 9), rng.random() < 0.2) for k in keys if rng.random() < 0.5} for p in pids}
+    records = [(rng.choice(pids), rng.choice(keys), rng.randint(0, 9), rng.random() < 0.2)
+               for _ in range(rng.randint(1, 120))]
+    incoming = rng.random() < 0.5
+    calls = []
+
+    def lookup(pid, looked_up):
+        calls.append(pid)
+        return [None if k.decode() not in index[pid] else index[pid][k.decode()].pack() for k in looked_up]
+
+    result = tag(pa.array([r[1] for r in records]), pa.array([r[0] for r in records]),
+                 pa.array([r[2] for r in records], pa.int64()), pa.array([r[3] for r in records]),
+                 pa.array(range(len(records)), pa.int64()), lookup, incoming)
+    assert sorted(calls) == sorted({r[0] for r in records})
+    expected_changes = {}
+    for pid in pids:
+        at = [i for i, r in enumerate(records) if r[0] == pid]
+        op, write, changes = reference([records[i][1:] for i in at], index[pid], incoming)
+        assert [result.op.to_pylist()[i] for i in at] == op
+        assert [result.write.to_pylist()[i] for i in at] == write
+        if changes:
+            expected_changes[pid] = changes
+    assert result.changes_dict() == expected_changes
