@@ -601,16 +601,19 @@ class ShardReplica:
 
     def live_partitions(self, keys: Sequence[bytes]) -> list[list[str]]:
         """For each key, the held partitions that hold it as a live row, in partition order
-        (one `peek` per held partition)."""
+        (per held partition: its key filter, then one RocksDB multi-get of the keys it may hold)."""
         found: list[list[str]] = [[] for _ in keys]
         if not len(keys):
             return found
         n = size(self.width)
         key_hashes = hashes(keys)
         for pid in self.partitions():
-            for where, raw in zip(found, self.peek(pid, keys, key_hashes)):
+            maybe = np.flatnonzero(self._key_filter(pid).may_contain(key_hashes))
+            if not len(maybe):
+                continue
+            for i, raw in zip(maybe.tolist(), self._cf(PARTITION_CF_PREFIX + pid).get(_taken(keys, maybe))):
                 if raw is not None and not Entry.unpack(raw[:n]).deleted:
-                    where.append(pid)
+                    found[i].append(pid)
         return found
 
     def peek(self, pid: str, keys: Sequence[bytes], key_hashes: np.ndarray | None = None) -> list[bytes | None]:
