@@ -11,6 +11,7 @@ import functools
 from collections.abc import Sequence
 from urllib.parse import quote, unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
@@ -148,8 +149,12 @@ def shard_of(key: bytes, num_shards: int) -> int:
     return h % num_shards
 
 
-def shards_of(keys: pa.Array, num_shards: int) -> pa.Array:
-    return pa.array([shard_of(k.encode(), num_shards) for k in keys.to_pylist()], pa.int64())
+def shards_of(keys: pa.Array | pa.ChunkedArray, num_shards: int) -> pa.Array:
+    """`shard_of` of every encoded key (no Python call per key but the hash's)."""
+    digest = xxhash.xxh64_intdigest
+    hashed = np.fromiter((digest(k, SPARK_XXHASH_SEED) for k in pc.cast(keys, pa.binary()).to_pylist()),
+                         np.uint64, len(keys))
+    return pa.array(hashed.view(np.int64) % num_shards)
 
 
 def ordering_values(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
