@@ -142,15 +142,13 @@ def encode_keys(table: pa.Table, key_cols: Sequence[str]) -> pa.Array:
 
 
 def shard_of(key: bytes, num_shards: int) -> int:
-    """Shard of one encoded key: Spark's pmod(xxhash64(key), n)."""
-    h = xxhash.xxh64_intdigest(key, seed=SPARK_XXHASH_SEED)
-    if h >= 1 << 63:
-        h -= 1 << 64
-    return h % num_shards
+    """Shard of one encoded key (`shards_of`)."""
+    return shards_of(pa.array([key], pa.binary()), num_shards)[0].as_py()
 
 
 def shards_of(keys: pa.Array | pa.ChunkedArray, num_shards: int) -> pa.Array:
-    """`shard_of` of every encoded key (no Python call per key but the hash's)."""
+    """Shard of every encoded key: Spark's pmod(xxhash64(key), n), the signed hash taken
+    modulo n into [0, n) (no Python call per key but the hash's)."""
     digest = xxhash.xxh64_intdigest
     hashed = np.fromiter((digest(k, SPARK_XXHASH_SEED) for k in pc.cast(keys, pa.binary()).to_pylist()),
                          np.uint64, len(keys))

@@ -77,9 +77,7 @@ def test_spark_routing_equals_the_python_shard_function(spark):
                                           F.xxhash64(C.KEY).alias("h")).toArrow()
         python_keys = keys.encode_keys(out, cfg.key)
         assert python_keys.to_pylist() == out.column(C.KEY).to_pylist()
-        python_shards = [keys.shard_of(k.encode(), 13) for k in python_keys.to_pylist()]
-        assert python_shards == out.column(C.SHARD).to_pylist()
-        assert keys.shards_of(python_keys, 13).to_pylist() == python_shards
+        assert keys.shards_of(python_keys, 13).to_pylist() == out.column(C.SHARD).to_pylist()
         # The sample holds keys whose hash is negative: pmod must still agree.
         assert sum(h < 0 for h in out.column("h").to_pylist()) > 100
 

@@ -608,10 +608,8 @@ class ShardReplica:
         n = size(self.width)
         key_hashes = hashes(keys)
         for pid in self.partitions():
-            maybe = np.flatnonzero(self._key_filter(pid).may_contain(key_hashes))
-            if not len(maybe):
-                continue
-            for i, raw in zip(maybe.tolist(), self._cf(PARTITION_CF_PREFIX + pid).get(_taken(keys, maybe))):
+            maybe, raws = self._may_hold(pid, keys, key_hashes)
+            for i, raw in zip(maybe.tolist(), raws):
                 if raw is not None and not Entry.unpack(raw[:n]).deleted:
                     found[i].append(pid)
         return found
@@ -622,9 +620,15 @@ class ShardReplica:
         the keys' `hashes`, when the caller has them."""
         if not len(keys):
             return []
+        return _spread(len(keys), *self._may_hold(pid, keys, key_hashes))
+
+    def _may_hold(self, pid: str, keys: Sequence[bytes], key_hashes: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, list[bytes | None]]:
+        """The positions of `keys` the keyspace's key filter may hold, and their committed
+        packed entries from RocksDB (one multi-get)."""
         maybe = np.flatnonzero(self._key_filter(pid).may_contain(hashes(keys) if key_hashes is None else key_hashes))
         taken = _taken(keys, maybe)
-        return _spread(len(keys), maybe, self._cf(PARTITION_CF_PREFIX + pid).get(taken) if taken else [])
+        return maybe, self._cf(PARTITION_CF_PREFIX + pid).get(taken) if taken else []
 
     def is_empty(self, pid: str) -> bool:
         """Whether held partition `pid` has no entry (one iterator seek)."""
@@ -849,7 +853,7 @@ def _identity(path: Path) -> bytes | None:
 
 def is_kept_open(path: str | os.PathLike[str]) -> bool:
     """Whether this process keeps the replica at `path` open (`acquire`)."""
-    return str(path) in _KEPT_OPEN
+    return kept_open(path) is not None
 
 
 def kept_open(path: str | os.PathLike[str]) -> ShardReplica | None:
