@@ -28,7 +28,7 @@ from sink.history import END_AT, START_AT, History, HistoryColumns, build, event
 from sink.index.loader import committed_tombstones
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.predicates import partitions_predicate
-from sink.lakehouse.rewrite import Rewrite, StoredFile, matching_files, row_keys, with_inserts, write_file
+from sink.lakehouse.rewrite import Rewrite, StoredFile, matching_files, row_keys, with_inserts, write_partition_files
 from sink.lakehouse.writes import conform, partition_string
 from sink.tombstones import expired_rows
 
@@ -132,7 +132,7 @@ def rewrite_files(uri: str, snapshot: dict[str, list[StoredFile]], writes: Histo
         rebuilt, fresh = new.filter(found), new.filter(pc.invert(found))
         files = [pa.concat_tables([old.kept[0], rebuilt]), *old.kept[1:]] if old.kept else [rebuilt]
         outputs = [t for t in with_inserts(files, fresh) if t.num_rows]
-        return HistoryRewrite(Rewrite([write_file(fs, root, t, values, data_schema) for t in outputs],
+        return HistoryRewrite(Rewrite(write_partition_files(fs, root, outputs, values, data_schema),
                                       old.removed), new.num_rows, old.before.num_rows)
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:

@@ -215,8 +215,8 @@ def test_a_file_gone_before_the_commit_fails_the_check_and_commits_nothing(tmp_p
     version = DeltaTable(path).version()
     write_file = rewrite.write_file
 
-    def lost(fs, root, rows, values, schema):
-        written = write_file(fs, root, rows, values, schema)
+    def lost(fs, root, rows, values, schema, dictionary):
+        written = write_file(fs, root, rows, values, schema, dictionary)
         fs.delete_file(f"{root}/{written.action.path}")
         return written
 
