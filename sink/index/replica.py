@@ -183,8 +183,11 @@ class ShardReplica:
     """An open shard replica. Use `ShardReplica.open(...)` as a context manager."""
 
     def __init__(self, path: Path, db: Rdict, read_only: bool = False, tier: HotTier | None = None,
-                 block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES):
+                 block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES, pinned: PinnedDir | None = None):
         self.path = path
+        # Where this open's files are: the directory it opened, even once `path` names another.
+        self._pinned = pinned
+        self._files = Path(pinned.db_path) if pinned is not None else path
         self._block_cache_bytes = block_cache_bytes
         self._db = db
         self._lock = threading.Lock()
@@ -199,7 +202,7 @@ class ShardReplica:
         # holds writes flushes that memtable (~1.5 ms each, measured), which every lookup of a
         # partition the last batch wrote to would pay.
         self._cfs: dict[str, Rdict] = {}
-        self._identity = _identity(path)
+        self._identity = _identity(self._files)
         self.flushed_at = time.monotonic()
         # Lookup counts of this open: distinct keys found in memory, in RocksDB, not found by
         # RocksDB, or not found by the keyspace's key filter.
@@ -281,7 +284,7 @@ class ShardReplica:
     def _open_for(cls, path: Path, spec: str, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica:
         """Open read-write; a replica not usable for `spec` is replaced by an empty one."""
         path.mkdir(parents=True, exist_ok=True)
-        replica = cls(path, _open_locked(path, lock_timeout_s, block_cache_bytes), block_cache_bytes=block_cache_bytes)
+        replica = cls._opened(path, _open_locked(path, lock_timeout_s, block_cache_bytes), block_cache_bytes)
         try:
             usable = replica._usable(spec)
         except Exception:
@@ -291,11 +294,15 @@ class ShardReplica:
             replica._close_db()
             shutil.rmtree(path)
             path.mkdir(parents=True)
-            replica = cls(path, _open_locked(path, lock_timeout_s, block_cache_bytes),
-                          block_cache_bytes=block_cache_bytes)
+            replica = cls._opened(path, _open_locked(path, lock_timeout_s, block_cache_bytes), block_cache_bytes)
             replica._db[_META_FORMAT] = FORMAT_VERSION.encode()
             replica._db[_META_SPEC] = spec.encode()
         return replica
+
+    @classmethod
+    def _opened(cls, path: Path, opened: tuple[Rdict, PinnedDir], block_cache_bytes: int) -> ShardReplica:
+        db, pinned = opened
+        return cls(path, db, block_cache_bytes=block_cache_bytes, pinned=pinned)
 
     def _usable(self, spec: str) -> bool:
         db = self._db
@@ -386,7 +393,11 @@ class ShardReplica:
 
     def _close_db(self) -> None:
         self._cfs.clear()  # open handles would keep RocksDB (and its lock) alive
-        self._db.close()
+        try:
+            self._db.close()
+        finally:
+            if self._pinned is not None:
+                self._pinned.release()
 
     def __enter__(self) -> ShardReplica:
         return self
@@ -485,7 +496,7 @@ class ShardReplica:
 
     def _ingest_sorted(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
         order = pc.sort_indices(pa.array(keys, pa.binary())).to_numpy()
-        sst = self.path / f"ingest-{os.getpid()}-{threading.get_ident()}.sst"
+        sst = self._files / f"ingest-{os.getpid()}-{threading.get_ident()}.sst"
         writer = SstFileWriter(_options(self._block_cache_bytes))
         writer.open(str(sst))
         for i in order.tolist():
@@ -556,7 +567,7 @@ class ShardReplica:
                 self._db[meta_key] = json.dumps(rec).encode()
 
     def _cf_names(self) -> list[str]:
-        return Rdict.list_cf(str(self.path), _options())
+        return Rdict.list_cf(str(self._files), _options())
 
     # --- lookups -----------------------------------------------------------------------------
 
@@ -685,7 +696,7 @@ class ShardReplica:
             return None  # a process has it open: its keys may have changed since the last close
         if self._saved_filters is None:
             try:
-                self._saved_filters = read_saved((self.path / KEY_FILTER_FILE).read_bytes())
+                self._saved_filters = read_saved((self._files / KEY_FILTER_FILE).read_bytes())
             except FileNotFoundError:
                 self._saved_filters = {}
         token, raw = self._db.get(_META_TOKEN), self._saved_filters.get(pid)
@@ -706,7 +717,7 @@ class ShardReplica:
     def _save_key_filters(self, token: bytes) -> None:
         """Save the held keyspaces' filters under the token the close is about to write
         (re-stamping the saved ones this open did not use)."""
-        path = self.path / KEY_FILTER_FILE
+        path = self._files / KEY_FILTER_FILE
         filters = {pid: self._key_filters.get(pid) or self._saved_key_filter(pid) for pid in self.partitions()}
         part = path.with_suffix(".part")
         part.write_bytes(saved_bytes({pid: f.to_bytes(token) for pid, f in filters.items() if f is not None}))
@@ -880,18 +891,61 @@ def close_kept_open(under: Path | None = None) -> None:
             replica._abandon()
 
 
-def _open_locked(path: Path, timeout_s: float, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> Rdict:
+# Linux names an open descriptor's file: RocksDB reaches a pinned directory through it.
+_PROC_FD = os.path.isdir("/proc/self/fd")
+
+
+class PinnedDir:
+    """A replica's directory held open for one read-write open of it. RocksDB reaches its
+    files through the descriptor (/proc/self/fd on Linux), so an open whose directory was
+    removed writes nothing into one made in its place: a dirty replica's flush at close wrote
+    its table files, a MANIFEST and a CURRENT naming it into the new replica, which then
+    listed column families its own open lacked. One read-write open per directory per
+    process, as RocksDB's lock was per path name and process."""
+
+    _held: set[tuple[int, int]] = set()
+    _held_lock = threading.Lock()
+
+    def __init__(self, path: Path):
+        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        stat = os.fstat(self.fd)
+        self._id = (stat.st_dev, stat.st_ino)
+        with PinnedDir._held_lock:
+            taken = self._id in PinnedDir._held
+            PinnedDir._held.add(self._id)
+        if taken:
+            os.close(self.fd)
+            self.fd = None
+            raise OSError(f"replica {path}: lock held by this process (another open of it)")
+        self.db_path = f"/proc/self/fd/{self.fd}" if _PROC_FD else str(path)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with PinnedDir._held_lock:
+            PinnedDir._held.discard(self._id)
+        os.close(self.fd)
+        self.fd = None
+
+
+def _open_locked(path: Path, timeout_s: float,
+                 block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES) -> tuple[Rdict, PinnedDir]:
     """Open read-write, waiting for another process's lock to go (a retried task, or a worker
     that keeps the replica open, which RELEASE_FILE asks to let go)."""
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     while True:
         try:
-            db = Rdict(str(path), _options(block_cache_bytes))
+            pinned = PinnedDir(path)
+            try:
+                db = Rdict(pinned.db_path, _options(block_cache_bytes))
+            except BaseException:
+                pinned.release()
+                raise
             # Ours now: a request left by this open (or by one before, whose holder died) is
             # answered; one that arrives later is written again by its waiting open.
             (path / RELEASE_FILE).unlink(missing_ok=True)
-            return db
+            return db, pinned
         except Exception as e:  # rocksdict raises a bare Exception for IO errors
             if "lock" not in str(e).lower():
                 raise

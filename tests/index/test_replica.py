@@ -127,6 +127,36 @@ def test_acquire_keeps_a_replica_open_until_its_directory_goes(path):
         assert reopened.lookup("q", [b"b"]) == [Entry(2)]
 
 
+def test_an_open_whose_directory_was_replaced_writes_nothing_into_the_new_replica(path):
+    """A worker holds a replica with unflushed writes; its directory is removed and another
+    open makes a new replica there before the worker lets go. The worker's close flushes its
+    memtables: into the directory it opened, never into the new replica (it used to write its
+    table files and a CURRENT naming its MANIFEST there, and the new replica then listed its
+    column families)."""
+    old = ShardReplica.open(path, SPEC)
+    old.load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+    old.put_entries("p", {b"b": Entry(2)})  # in the memtable only (the WAL is off)
+    shutil.rmtree(path)
+    with ShardReplica.open(path, SPEC) as new:
+        assert new.partitions() == {}
+        new.load_partition("q", [b"c"], [Entry(3)], reason="on_demand")
+    files = sorted(p.name for p in path.iterdir())
+    assert old.replaced()
+    old._abandon()  # what the worker does on finding it replaced
+    assert sorted(p.name for p in path.iterdir()) == files
+    with ShardReplica.open(path, SPEC) as reopened:  # closed clean: nothing is wiped
+        assert reopened.repaired is None
+        assert list(reopened.partitions()) == ["q"] and reopened.lookup("q", [b"c"]) == [Entry(3)]
+
+
+def test_one_process_opens_a_replica_read_write_once_at_a_time(path):
+    with ShardReplica.open(path, SPEC):
+        with pytest.raises(replica_module.ReplicaLockedError):
+            ShardReplica.open(path, SPEC, lock_timeout_s=0.1)
+    with ShardReplica.open(path, SPEC, lock_timeout_s=0.1) as again:  # let go at its close
+        assert again.repaired is None
+
+
 def test_a_replica_with_a_truncated_file_is_wiped_on_open_and_says_why(path):
     with ShardReplica.open(path, SPEC) as r:
         r.set_version(4)
