@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from sink import ContractMismatchError, SinkConfig, UpsertSink
 from sink.index.replica import KEY_FILTER_FILE
-from tests.oracle import SCHEMA, Event, expected_global_rows, random_global_batches, verify_replicas
+from tests.oracle import SCHEMA, Event, expected_global_rows, random_global_batches, taken_back, verify_replicas
 
 pytestmark = pytest.mark.spark
 
@@ -78,12 +78,15 @@ def test_the_key_filter_answers_new_keys_and_the_metrics_say_so(spark, tmp_path)
 
 
 def test_a_damaged_or_restored_key_filter_file_is_rebuilt_and_the_stream_stays_exact(spark, tmp_path):
-    """The replica closes after every batch (executor tagging), so each batch reads the saved
+    """The replica is taken back from the worker keeping it after every batch (executor
+    tagging: closed clean, its filter saved), so each batch reopens it and reads the saved
     filter: one truncated, then one restored from an earlier batch (it lacks keys added since)."""
     cfg = config(tmp_path, num_shards=1, tag_on="executors", hot_cache_entries=0)
     batches = random_global_batches(31, batches=5, per_batch=250, keys=400)
     sink = UpsertSink(cfg)
     for b, events in enumerate(batches):
+        if b:
+            taken_back(tmp_path / "index")
         saved = next((tmp_path / "index").glob(f"*/shard-0-of-1/{KEY_FILTER_FILE}"), None)
         if b == 2:
             earlier = saved.read_bytes()
