@@ -950,9 +950,8 @@ def _open_locked(path: Path, timeout_s: float,
             if "lock" not in str(e).lower():
                 raise
             if time.monotonic() >= deadline:
-                raise ReplicaLockedError(
-                    f"replica {path} is locked by another process for over {timeout_s:.0f}s"
-                ) from e
+                holder = "this process (another open of it)" if "this process" in str(e) else "another process"
+                raise ReplicaLockedError(f"replica {path} is locked by {holder} for over {timeout_s:.0f}s") from e
             (path / RELEASE_FILE).touch()
             time.sleep(delay)
             delay = min(delay * 2, 0.5)

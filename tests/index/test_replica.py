@@ -151,7 +151,7 @@ def test_an_open_whose_directory_was_replaced_writes_nothing_into_the_new_replic
 
 def test_one_process_opens_a_replica_read_write_once_at_a_time(path):
     with ShardReplica.open(path, SPEC):
-        with pytest.raises(replica_module.ReplicaLockedError):
+        with pytest.raises(replica_module.ReplicaLockedError, match="locked by this process"):
             ShardReplica.open(path, SPEC, lock_timeout_s=0.1)
     with ShardReplica.open(path, SPEC, lock_timeout_s=0.1) as again:  # let go at its close
         assert again.repaired is None
