@@ -51,17 +51,17 @@ def reused_worker(env: Mapping[str, str] = os.environ) -> bool:
 
 class _Kept:
     """A replica this worker keeps open: its use lock (a task's use, or a checkpoint or release
-    by the background thread), whether it awaits its checkpoint, and since when (monotonic
-    seconds: the first use after its last checkpoint, the end of its last use)."""
+    by the background thread), and in monotonic seconds the end of its last use and the first
+    use since its last checkpoint (None: nothing awaits a checkpoint)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.due = False
-        self.dirty_since = 0.0
         self.used_at = 0.0
+        self.dirty_since: float | None = None
 
     def checkpoint_due(self, now: float) -> bool:
-        return self.due and (now - self.used_at >= CHECKPOINT_IDLE_S or now - self.dirty_since >= CHECKPOINT_EVERY_S)
+        return self.dirty_since is not None and (
+            now - self.used_at >= CHECKPOINT_IDLE_S or now - self.dirty_since >= CHECKPOINT_EVERY_S)
 
 
 _KEPT: OrderedDict[str, _Kept] = OrderedDict()  # least recently used first
@@ -86,8 +86,8 @@ def use(path: str | os.PathLike[str], spec: str, **options) -> Iterator[ShardRep
         # as a kept-open replica's does on the driver; a damaged one is wiped by the caller.
         yield ShardReplica.acquire(path, spec, **options)
         kept.used_at = _clock()
-        if not kept.due:
-            kept.due, kept.dirty_since = True, kept.used_at
+        if kept.dirty_since is None:
+            kept.dirty_since = kept.used_at
 
 
 def _start_keeper() -> None:
@@ -125,7 +125,7 @@ def _keep_one(key: str, entry: _Kept, now: float, release: bool) -> None:
     if replica is not None and replica.replaced():
         release = True  # lost under it: let go at once, never checkpointed into another's directory
     elif replica is not None and entry.checkpoint_due(now):
-        entry.due = False
+        entry.dirty_since = None
         try:
             replica.checkpoint()
         except Exception:  # a full disk, say: the close below lets it go
