@@ -284,7 +284,7 @@ class ShardReplica:
     def _open_for(cls, path: Path, spec: str, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica:
         """Open read-write; a replica not usable for `spec` is replaced by an empty one."""
         path.mkdir(parents=True, exist_ok=True)
-        replica = cls._opened(path, _open_locked(path, lock_timeout_s, block_cache_bytes), block_cache_bytes)
+        replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
         try:
             usable = replica._usable(spec)
         except Exception:
@@ -294,14 +294,14 @@ class ShardReplica:
             replica._close_db()
             shutil.rmtree(path)
             path.mkdir(parents=True)
-            replica = cls._opened(path, _open_locked(path, lock_timeout_s, block_cache_bytes), block_cache_bytes)
+            replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
             replica._db[_META_FORMAT] = FORMAT_VERSION.encode()
             replica._db[_META_SPEC] = spec.encode()
         return replica
 
     @classmethod
-    def _opened(cls, path: Path, opened: tuple[Rdict, PinnedDir], block_cache_bytes: int) -> ShardReplica:
-        db, pinned = opened
+    def _locked_open(cls, path: Path, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica:
+        db, pinned = _open_locked(path, lock_timeout_s, block_cache_bytes)
         return cls(path, db, block_cache_bytes=block_cache_bytes, pinned=pinned)
 
     def _usable(self, spec: str) -> bool:
@@ -895,6 +895,10 @@ def close_kept_open(under: Path | None = None) -> None:
 _PROC_FD = os.path.isdir("/proc/self/fd")
 
 
+class HeldHere(Exception):
+    """The directory is open read-write in this process already."""
+
+
 class PinnedDir:
     """A replica's directory held open for one read-write open of it. RocksDB reaches its
     files through the descriptor (/proc/self/fd on Linux), so an open whose directory was
@@ -916,7 +920,7 @@ class PinnedDir:
         if taken:
             os.close(self.fd)
             self.fd = None
-            raise OSError(f"replica {path}: lock held by this process (another open of it)")
+            raise HeldHere(f"replica {path} is open read-write in this process already")
         self.db_path = f"/proc/self/fd/{self.fd}" if _PROC_FD else str(path)
 
     def release(self) -> None:
@@ -947,10 +951,11 @@ def _open_locked(path: Path, timeout_s: float,
             (path / RELEASE_FILE).unlink(missing_ok=True)
             return db, pinned
         except Exception as e:  # rocksdict raises a bare Exception for IO errors
-            if "lock" not in str(e).lower():
+            here = isinstance(e, HeldHere)
+            if not here and "lock" not in str(e).lower():
                 raise
             if time.monotonic() >= deadline:
-                holder = "this process (another open of it)" if "this process" in str(e) else "another process"
+                holder = "this process (another open of it)" if here else "another process"
                 raise ReplicaLockedError(f"replica {path} is locked by {holder} for over {timeout_s:.0f}s") from e
             (path / RELEASE_FILE).touch()
             time.sleep(delay)
