@@ -1,5 +1,6 @@
 """A real Prometheus scrapes the sink's endpoint while a streaming query runs."""
 
+import contextlib
 import json
 import shutil
 import socket
@@ -18,10 +19,14 @@ pytestmark = pytest.mark.spark
 SINK = "scrape-test"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: each socket is held until all are bound (ports taken one at a
+    time can come back twice)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def drop(path, rows):
@@ -56,7 +61,7 @@ def prometheus(tmp_path):
     if binary is None:
         pytest.skip("Debian's prometheus package is not installed and could not be (.ci/run and "
                     "`make test` install it with apt-get)")
-    metrics_port, prom_port = free_port(), free_port()
+    metrics_port, prom_port = free_ports(2)
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: sink\n    static_configs:\n"
