@@ -130,6 +130,9 @@ def markdown(result: dict) -> str:
         f"| tagging against a plain dict index | {t['dict_hits_per_s']:,} records/s |",
         *([f"| memory tier, bytes per entry held (at most `hot_cache_entries` per shard replica) | "
            f"{t['memory_tier_bytes_per_entry']} |"] if "memory_tier_bytes_per_entry" in t else []),
+        *([f"| tagging, hits in a resident keyspace | {t['resident_hits_per_s']:,} records/s |",
+           f"| resident keyspace, bytes per key held (at most `resident_keys` per shard replica) | "
+           f"{t['resident_bytes_per_key']} |"] if "resident_bytes_per_key" in t else []),
         f"| bootstrap, {i['parameters']['partitions']} x {i['parameters']['keys_per_partition']:,} keys, "
         f"{i['parameters']['shards']} shards | {i['bootstrap']['keys_per_second']:,} keys/s |",
         f"| one cold {i['cold_partition']['keys']:,}-key partition | {i['cold_partition']['seconds']:.2f} s |",

@@ -65,6 +65,9 @@ class SinkConfig:
     index_max_bytes: int | None = None
     # Entries kept in memory per shard replica (and Python worker) in front of RocksDB; 0 = off.
     hot_cache_entries: int = 200_000
+    # Entries per shard replica (and Python worker) of the keyspaces held whole in memory:
+    # those a batch looks up most answer without RocksDB; 0 = off.
+    resident_keys: int = 1_000_000
     # Partitioned scope: new keys per shard and batch looked up in the replica's other held
     # partitions, to signal keys that get a second row in another partition; 0 = off.
     cross_partition_check: int = 1000
@@ -184,6 +187,7 @@ class SinkConfig:
             _require_hours("tombstone_ttl_hours", self.tombstone_ttl_hours, 1_000_000)
         self._validate_tiering()
         _require_int("hot_cache_entries", self.hot_cache_entries, 0, 100_000_000)
+        _require_int("resident_keys", self.resident_keys, 0, 1_000_000_000)
         _require_int("cross_partition_check", self.cross_partition_check, 0, 10_000_000)
         _require_int("index_block_cache_bytes", self.index_block_cache_bytes, 1 << 20, 1 << 40)
         if self.index_max_bytes is not None:

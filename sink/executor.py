@@ -94,6 +94,7 @@ class TaskContext:
     partition_ttl_hours: int = 168
     index_max_bytes: int | None = None
     hot_cache_entries: int = 0
+    resident_keys: int = 0
     block_cache_bytes: int = 64 << 20
     change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
     keep_open: bool = False  # tagging in the driver: replicas stay open between batches
@@ -564,7 +565,8 @@ def _replica(ctx: TaskContext, path, flush: bool = True):
     """The shard's replica for one use: kept open by the driver (`flush`: flushed after the use
     when its last flush is FLUSH_EVERY_S old) or by a reused Python worker (checkpointed in
     the background, sink.index.worker_replicas), else opened and closed."""
-    options = {"hot_cache_entries": ctx.hot_cache_entries, "block_cache_bytes": ctx.block_cache_bytes}
+    options = {"hot_cache_entries": ctx.hot_cache_entries, "block_cache_bytes": ctx.block_cache_bytes,
+               "resident_keys": ctx.resident_keys}
     if not ctx.keep_open:
         if worker_replicas.reused_worker():
             with worker_replicas.use(path, ctx.spec, **options) as replica:

@@ -349,6 +349,7 @@ class UpsertSink:
             partition_ttl_hours=cfg.partition_ttl_hours,
             index_max_bytes=cfg.index_max_bytes,
             hot_cache_entries=cfg.hot_cache_entries,
+            resident_keys=cfg.resident_keys,
             block_cache_bytes=cfg.index_block_cache_bytes,
             change_data_feed=has_change_data_feed(self._target.table),
             keep_open=self._on_driver,

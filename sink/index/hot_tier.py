@@ -1,4 +1,6 @@
-"""The memory tier: recently used committed entries in front of a shard's RocksDB.
+"""The memory tier in front of a shard's RocksDB: whole keyspaces held resident
+(`sink.index.resident`, up to a budget of keys) and recently used committed entries of the
+others.
 
 It holds only what the replica's committed view holds: every write path of the replica
 (load, promotion, change feed, drop) updates or drops it, and a tier is only reused by
@@ -11,6 +13,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from sink.index.resident import Resident
+
 
 class HotTier:
     """Least-recently-used eviction approximated by two generations, so that a hit costs one
@@ -19,8 +23,10 @@ class HotTier:
     becomes the old one and the previous old generation is dropped. An entry used at least
     once per generation stays; at most `capacity` entries are held."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, resident_keys: int = 0):
         self.capacity = capacity
+        self.resident_keys = resident_keys
+        self.resident: dict[str, Resident] = {}  # keyspaces held whole: their lookups stop here
         self._young: dict[str, dict[bytes, bytes]] = {}
         self._old: dict[str, dict[bytes, bytes]] = {}
         self._young_size = 0
@@ -38,7 +44,8 @@ class HotTier:
 
     def memory_bytes(self) -> int:
         """What the held entries take in this process: their key and value objects and the
-        dicts holding them (`capacity` times its per-entry figure bounds it)."""
+        dicts holding them (`capacity` times its per-entry figure bounds it); resident
+        keyspaces are `resident_bytes`."""
         total = 0
         for generation in (self._old, self._young):
             for entries in generation.values():
@@ -62,7 +69,25 @@ class HotTier:
                 self.put_many(pid, moved_keys, moved)
         return out
 
+    def resident_bytes(self) -> int:
+        return sum(r.nbytes for r in self.resident.values())
+
+    def room_for(self, entries: int) -> bool:
+        """Whether a keyspace of this many entries fits the resident budget."""
+        return sum(len(r) for r in self.resident.values()) + entries <= self.resident_keys
+
+    def hold(self, pid: str, resident: Resident) -> None:
+        """Hold keyspace `pid` whole (its entries as of now): its recently used entries go."""
+        self.drop_partition(pid)
+        self.resident[pid] = resident
+
     def put_many(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
+        resident = self.resident.get(pid)
+        if resident is not None:
+            resident.put_many(keys, raws)
+            if not self.room_for(0):  # the keyspace grew past the budget: RocksDB answers it again
+                del self.resident[pid]
+            return
         if self.capacity <= 0 or not len(keys):
             return
         old = self._old.get(pid)
@@ -89,10 +114,12 @@ class HotTier:
                 del self._old[pid_]
 
     def drop_partition(self, pid: str) -> None:
+        self.resident.pop(pid, None)
         self._young_size -= len(self._young.pop(pid, {}))
         self._old_size -= len(self._old.pop(pid, {}))
 
     def clear(self) -> None:
+        self.resident = {}
         self._young, self._old = {}, {}
         self._young_size = self._old_size = 0
 
@@ -101,11 +128,11 @@ class HotTier:
 _TIERS: dict[str, HotTier] = {}
 
 
-def tier_for(path: str, capacity: int, token: bytes | None) -> HotTier:
+def tier_for(path: str, capacity: int, resident_keys: int, token: bytes | None) -> HotTier:
     """This process's tier for a replica, emptied unless it is valid for `token`."""
     tier = _TIERS.get(path)
-    if tier is None or tier.capacity != capacity:
-        tier = _TIERS[path] = HotTier(capacity)
+    if tier is None or (tier.capacity, tier.resident_keys) != (capacity, resident_keys):
+        tier = _TIERS[path] = HotTier(capacity, resident_keys)
     if token is None or tier.token != token:
         tier.clear()
     return tier

@@ -3,6 +3,7 @@ import random
 import pytest
 
 from sink.index import hot_tier
+from sink.index import replica as replica_module
 from sink.index.entry import Entry
 from sink.index.hot_tier import HotTier
 from sink.index.lifecycle import evict
@@ -31,11 +32,15 @@ def random_entries(rng):
     return keys, [Entry(rng.randint(0, 99), rng.random() < 0.2) for _ in keys]
 
 
+@pytest.mark.parametrize("resident_keys", [0, 40])
 @pytest.mark.parametrize("seed", range(8))
-def test_the_memory_tier_never_answers_what_the_replica_no_longer_holds(tmp_path, seed):
+def test_the_memory_tier_never_answers_what_the_replica_no_longer_holds(tmp_path, monkeypatch, seed, resident_keys):
+    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 1)  # a lookup reaching RocksDB makes it resident
     rng = random.Random(seed)
     path = tmp_path / "r"
-    replica = ShardReplica.open(path, SPEC, hot_cache_entries=20)
+    options = {"hot_cache_entries": 20, "resident_keys": resident_keys}
+    replica = ShardReplica.open(path, SPEC, **options)
+    steps_resident = 0
     for step in range(150):
         action = rng.choice(["load", "stage_promote", "stage_discard", "cdf", "drop", "drop_all", "evict",
                              "reopen", "other_process"])
@@ -59,23 +64,26 @@ def test_the_memory_tier_never_answers_what_the_replica_no_longer_holds(tmp_path
             evict(replica, now=float(step), ttl_hours=0, max_bytes=None, keep={pid})
         elif action == "reopen":
             replica.close()
-            replica = ShardReplica.open(path, SPEC, hot_cache_entries=20)
+            replica = ShardReplica.open(path, SPEC, **options)
         elif action == "other_process":
             # Another worker process takes the shard (with its own memory), changes it, closes it.
             replica.close()
             ours = hot_tier._TIERS.pop(str(path))
-            other = ShardReplica.open(path, SPEC, hot_cache_entries=20)
+            other = ShardReplica.open(path, SPEC, **options)
             keys, entries = random_entries(rng)
             other.load_partition(pid, keys, entries, reason="on_demand")
             other.close()
             hot_tier._TIERS[str(path)] = ours
-            replica = ShardReplica.open(path, SPEC, hot_cache_entries=20)
+            replica = ShardReplica.open(path, SPEC, **options)
         for p in PIDS:
             if replica.has_partition(p):
                 replica.lookup_packed(p, rng.sample(KEYS, 10))  # fill the tier
         assert_tier_consistent(replica)
         assert len(replica.tier) <= 20
+        assert sum(len(r) for r in replica.tier.resident.values()) <= resident_keys
+        steps_resident += bool(replica.tier.resident)
     replica.close()
+    assert (steps_resident > 0) == (resident_keys > 0)  # the resident keyspaces were exercised
 
 
 def test_a_reopened_replica_answers_from_memory(tmp_path):
@@ -112,3 +120,38 @@ def test_recently_used_entries_survive_and_the_rest_go():
     assert tier.get_many("p", [b"a", b"b", b"c"]) == [b"1", None, None]
     assert tier.get_many("q", [b"x", b"y"]) == [b"8", b"9"]
     assert len(tier) <= 4
+
+
+def test_a_keyspace_looked_up_heavily_is_held_whole_and_one_over_the_budget_is_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 10)
+    keys = [f"user-{i:05d}".encode() for i in range(1000)]
+    with ShardReplica.open(tmp_path / "r", SPEC, resident_keys=1500) as r:
+        r.load_partition("small", keys[:700], [Entry(i) for i in range(700)], reason="on_demand")
+        r.load_partition("big", keys, [Entry(i) for i in range(1000)], reason="on_demand")
+        r.lookup_packed("small", keys[:5])  # 5 lookups reach RocksDB: fewer than the threshold
+        assert r.tier.resident == {}
+        r.lookup_packed("small", keys[:20])  # 20: more than a 64th of its 700 keys, and more than 10
+        assert list(r.tier.resident) == ["small"]
+        r.lookup_packed("big", keys[:100])  # 1000 more keys do not fit a budget of 1500 beside 700
+        assert list(r.tier.resident) == ["small"]
+        r.lookups.update(dict.fromkeys(r.lookups, 0))
+        assert r.lookup("small", [keys[3], keys[699], keys[700]]) == [Entry(3), Entry(699), None]
+        # The key filter knows keys[700] is not there.
+        assert r.lookups == {"memory": 2, "rocksdb": 0, "miss": 0, "filter": 1}
+        r.put_entries("small", {keys[3]: Entry(7, True, 5), keys[800]: Entry(8)})  # a promotion or change feed
+        assert r.lookup("small", [keys[3], keys[800]]) == [Entry(7, True, 5), Entry(8)]
+        assert r.tier.resident["small"].overlay  # written since it was held: in the overlay
+
+
+def test_a_resident_keyspace_grown_past_the_budget_is_let_go_and_answers_from_rocksdb(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 1)
+    keys = [f"user-{i:05d}".encode() for i in range(300)]
+    with ShardReplica.open(tmp_path / "r", SPEC, resident_keys=250) as r:
+        r.load_partition("p", keys[:200], [Entry(i) for i in range(200)], reason="on_demand")
+        r.lookup_packed("p", keys[:10])
+        assert list(r.tier.resident) == ["p"]
+        r.put_entries("p", {k: Entry(1000 + i) for i, k in enumerate(keys[200:])})  # 300 keys now
+        assert r.tier.resident == {}
+        r.lookups.update(dict.fromkeys(r.lookups, 0))
+        assert r.lookup("p", [keys[0], keys[299]]) == [Entry(0), Entry(1099)]
+        assert r.lookups == {"memory": 0, "rocksdb": 2, "miss": 0, "filter": 0}
