@@ -27,6 +27,7 @@ class HotTier:
         self.capacity = capacity
         self.resident_keys = resident_keys
         self.resident: dict[str, Resident] = {}  # keyspaces held whole: their lookups stop here
+        self.written: dict[str, int] = {}  # entries written per keyspace since its last lookup
         self._young: dict[str, dict[bytes, bytes]] = {}
         self._old: dict[str, dict[bytes, bytes]] = {}
         self._young_size = 0
@@ -82,6 +83,7 @@ class HotTier:
         self.resident[pid] = resident
 
     def put_many(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
+        self.written[pid] = self.written.get(pid, 0) + len(keys)
         resident = self.resident.get(pid)
         if resident is not None:
             resident.put_many(keys, raws)
@@ -115,11 +117,12 @@ class HotTier:
 
     def drop_partition(self, pid: str) -> None:
         self.resident.pop(pid, None)
+        self.written.pop(pid, None)
         self._young_size -= len(self._young.pop(pid, {}))
         self._old_size -= len(self._old.pop(pid, {}))
 
     def clear(self) -> None:
-        self.resident = {}
+        self.resident, self.written = {}, {}
         self._young, self._old = {}, {}
         self._young_size = self._old_size = 0
 

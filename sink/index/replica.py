@@ -591,7 +591,11 @@ class ShardReplica:
     def _lookup_tiers(self, pid: str, keys: Sequence[bytes], key_hashes: np.ndarray) -> list[bytes | None]:
         if not len(keys):
             return []
+        written = self.tier.written.pop(pid, 0)
         resident = self.tier.resident.get(pid)
+        if resident is not None and written > 2 * max(len(keys), RESIDENT_MIN_LOOKUPS):
+            del self.tier.resident[pid]  # written more than read: its folds cost more than its lookups save
+            resident = None
         if resident is not None:
             raws = resident.get_many(keys, key_hashes)
             found = sum(r is not None for r in raws)
@@ -612,14 +616,17 @@ class ShardReplica:
             self.lookups["rocksdb"] += len(found_keys)
             self.lookups["miss"] += len(todo) - len(found_keys)
             self.tier.put_many(pid, found_keys, found_raws)
-            self._maybe_hold_whole(pid, len(todo))
+            self._maybe_hold_whole(pid, len(todo), written)
         return raws
 
-    def _maybe_hold_whole(self, pid: str, reached_rocksdb: int) -> None:
-        """Hold keyspace `pid` resident once one lookup sent a 64th of its keys to RocksDB
-        (a scan of it costs about what a ninth as many RocksDB lookups do), if the budget has room."""
+    def _maybe_hold_whole(self, pid: str, reached_rocksdb: int, written: int) -> None:
+        """Hold keyspace `pid` resident once one lookup sent a 64th of its keys to RocksDB (a
+        scan of it costs about what a ninth as many RocksDB lookups do) and at least half as
+        many as were written to it since its last lookup (an entry written costs a resident
+        keyspace, in its share of the folds, about half what a RocksDB lookup costs), if the
+        budget has room. `_lookup_tiers` lets it go again once written more than that."""
         estimate = self._key_filter(pid).keys
-        if reached_rocksdb < max(RESIDENT_MIN_LOOKUPS, estimate // 64) or not self.tier.room_for(estimate):
+        if reached_rocksdb < max(RESIDENT_MIN_LOOKUPS, estimate // 64, written / 2) or not self.tier.room_for(estimate):
             return
         keys, raws = [], []
         for key, raw in self._raw_items(pid):

@@ -155,3 +155,20 @@ def test_a_resident_keyspace_grown_past_the_budget_is_let_go_and_answers_from_ro
         r.lookups.update(dict.fromkeys(r.lookups, 0))
         assert r.lookup("p", [keys[0], keys[299]]) == [Entry(0), Entry(1099)]
         assert r.lookups == {"memory": 0, "rocksdb": 2, "miss": 0, "filter": 0}
+
+
+def test_a_keyspace_written_more_than_twice_as_much_as_read_is_let_go_and_not_held_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 10)
+    keys = [f"user-{i:05d}".encode() for i in range(1000)]
+    with ShardReplica.open(tmp_path / "r", SPEC, resident_keys=10_000) as r:
+        r.load_partition("p", keys, [Entry(i) for i in range(1000)], reason="on_demand")
+        r.lookup_packed("p", keys[:100])
+        assert list(r.tier.resident) == ["p"]
+        r.put_entries("p", {k: Entry(5000 + i) for i, k in enumerate(keys[500:801])})  # 301 written > 2 x 100 read
+        assert r.lookup("p", [keys[0], keys[800]]) == [Entry(0), Entry(5300)]  # answered by RocksDB
+        assert r.tier.resident == {}
+        r.put_entries("p", {k: Entry(6000 + i) for i, k in enumerate(keys[:201])})
+        assert r.lookup("p", keys[300:400])[0] == Entry(300)  # 100 reached RocksDB: under half of 201 written
+        assert r.tier.resident == {}
+        assert r.lookup("p", keys[:100])[0] == Entry(6000)  # nothing written since: held again
+        assert list(r.tier.resident) == ["p"]
