@@ -67,7 +67,7 @@ class HotTier:
                         moved_keys.append(k)
                         moved.append(raw)
             if moved_keys:
-                self.put_many(pid, moved_keys, moved)
+                self.remember_many(pid, moved_keys, moved)
         return out
 
     def resident_bytes(self) -> int:
@@ -82,14 +82,23 @@ class HotTier:
         self.drop_partition(pid)
         self.resident[pid] = resident
 
+    def let_go(self, pid: str) -> None:
+        """Stop holding keyspace `pid` whole: RocksDB answers it again."""
+        self.resident.pop(pid, None)
+
     def put_many(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
+        """Entries written to keyspace `pid` (counted in `written`)."""
         self.written[pid] = self.written.get(pid, 0) + len(keys)
         resident = self.resident.get(pid)
-        if resident is not None:
-            resident.put_many(keys, raws)
-            if not self.room_for(0):  # the keyspace grew past the budget: RocksDB answers it again
-                del self.resident[pid]
+        if resident is None:
+            self.remember_many(pid, keys, raws)
             return
+        resident.put_many(keys, raws)
+        if not self.room_for(0):  # the keyspace grew past the budget
+            self.let_go(pid)
+
+    def remember_many(self, pid: str, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
+        """Entries just read from RocksDB, kept as recently used (not writes: not counted)."""
         if self.capacity <= 0 or not len(keys):
             return
         old = self._old.get(pid)

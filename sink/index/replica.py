@@ -594,7 +594,7 @@ class ShardReplica:
         written = self.tier.written.pop(pid, 0)
         resident = self.tier.resident.get(pid)
         if resident is not None and written > 2 * max(len(keys), RESIDENT_MIN_LOOKUPS):
-            del self.tier.resident[pid]  # written more than read: its folds cost more than its lookups save
+            self.tier.let_go(pid)  # written more than read: its folds cost more than its lookups save
             resident = None
         if resident is not None:
             raws = resident.get_many(keys, key_hashes)
@@ -615,7 +615,7 @@ class ShardReplica:
                     found_raws.append(raw)
             self.lookups["rocksdb"] += len(found_keys)
             self.lookups["miss"] += len(todo) - len(found_keys)
-            self.tier.put_many(pid, found_keys, found_raws)
+            self.tier.remember_many(pid, found_keys, found_raws)
             self._maybe_hold_whole(pid, len(todo), written)
         return raws
 

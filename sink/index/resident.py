@@ -64,13 +64,12 @@ class Resident:
         same = pc.equal(_binary(_taken(keys, candidates)), self.keys.take(rows)).to_numpy(False)
         out[candidates[same]] = rows[same]
         for i, row in zip(candidates[~same].tolist(), rows[~same].tolist()):
-            out[i] = self._in_run(keys[i], row + 1)  # another key has the same hash: rare
+            out[i] = self._in_run(keys[i], key_hashes[i], row + 1)  # another key has the same hash: rare
         return out
 
-    def _in_run(self, key: bytes, row: int) -> int:
-        """The row of `key` among the rows from `row` on that share the hash before it."""
-        h = self.hashes[row - 1]
-        while row < len(self.hashes) and self.hashes[row] == h:
+    def _in_run(self, key: bytes, key_hash: np.uint64, row: int) -> int:
+        """The row of `key` among the rows from `row` on that have its hash."""
+        while row < len(self.hashes) and self.hashes[row] == key_hash:
             if self.keys[row].as_py() == key:
                 return row
             row += 1

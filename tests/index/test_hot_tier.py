@@ -172,3 +172,24 @@ def test_a_keyspace_written_more_than_twice_as_much_as_read_is_let_go_and_not_he
         assert r.tier.resident == {}
         assert r.lookup("p", keys[:100])[0] == Entry(6000)  # nothing written since: held again
         assert list(r.tier.resident) == ["p"]
+
+
+def test_only_writes_count_as_written_not_entries_remembered_after_a_read():
+    tier = HotTier(100)
+    tier.remember_many("p", [b"a", b"b"], [b"1", b"2"])  # read from RocksDB
+    assert tier.get_many("p", [b"a"]) == [b"1"]
+    tier.put_many("p", [b"c"], [b"3"])  # a promotion, change feed or changelog entry
+    assert tier.written == {"p": 1}
+    assert tier.get_many("p", [b"a", b"b", b"c"]) == [b"1", b"2", b"3"]
+
+
+def test_entries_a_lookup_reads_from_rocksdb_do_not_count_against_holding_the_keyspace(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 10)
+    keys = [f"user-{i:05d}".encode() for i in range(1000)]
+    with ShardReplica.open(tmp_path / "r", SPEC, hot_cache_entries=1000, resident_keys=10_000) as r:
+        r.load_partition("p", keys, [Entry(i) for i in range(1000)], reason="on_demand")
+        r.lookup_packed("p", keys[:14])  # 14 reach RocksDB: under a 64th of 1000
+        assert r.tier.resident == {}
+        r.put_entries("p", {k: Entry(2000 + i) for i, k in enumerate(keys[500:520])})  # 20 written
+        r.lookup_packed("p", keys[100:116])  # 16 reach RocksDB: at least half of the 20 written
+        assert list(r.tier.resident) == ["p"]
