@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from itertools import islice
 
 from sink.index.resident import Resident
 
@@ -19,9 +20,14 @@ from sink.index.resident import Resident
 class HotTier:
     """Least-recently-used eviction approximated by two generations, so that a hit costs one
     dict lookup: entries are written to the young generation; a hit in the old generation
-    moves the entry to the young one; when the young generation holds half the capacity it
+    copies the entry to the young one; when the young generation holds half the capacity it
     becomes the old one and the previous old generation is dropped. An entry used at least
-    once per generation stays; at most `capacity` entries are held."""
+    once per generation stays; at most `capacity` entries are held.
+
+    A key may sit in both generations (written or used again since it aged): the young copy
+    is the newer one and the only one answered, the old copy goes with its generation. Not
+    removing it on each write keeps a write one dict update; it only counts against the
+    capacity until then."""
 
     def __init__(self, capacity: int, resident_keys: int = 0):
         self.capacity = capacity
@@ -38,9 +44,14 @@ class HotTier:
         return self._young_size + self._old_size
 
     def items(self):
-        for generation in (self._old, self._young):
-            for pid, entries in generation.items():
-                for key, raw in entries.items():
+        """The ((pid, key), entry) pairs the tier answers with."""
+        for pid, entries in self._young.items():
+            for key, raw in entries.items():
+                yield (pid, key), raw
+        for pid, entries in self._old.items():
+            young = self._young.get(pid, {})
+            for key, raw in entries.items():
+                if key not in young:
                     yield (pid, key), raw
 
     def memory_bytes(self) -> int:
@@ -101,11 +112,6 @@ class HotTier:
         """Entries just read from RocksDB, kept as recently used (not writes: not counted)."""
         if self.capacity <= 0 or not len(keys):
             return
-        old = self._old.get(pid)
-        if old:
-            for k in keys:
-                if old.pop(k, None) is not None:
-                    self._old_size -= 1
         young = self._young.setdefault(pid, {})
         before = len(young)
         young.update(zip(keys, raws))
@@ -113,16 +119,28 @@ class HotTier:
         if self._young_size > max(self.capacity // 2, 1):
             self._old, self._old_size = self._young, self._young_size
             self._young, self._young_size = {}, 0
-        while len(self) > self.capacity:  # oldest entries of the old generation first
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest entries of the old generation (whole keyspaces' dicts where they
+        can go whole) until at most `capacity` are held. The first entries of a dict are
+        taken in one pass: finding a dict's first entry again after each removal is
+        quadratic in CPython, and so is copying a large dict to drop a few."""
+        excess = len(self) - self.capacity
+        while excess > 0:
             if not self._old_size:
                 self._old, self._old_size = self._young, self._young_size
                 self._young, self._young_size = {}, 0
-            pid_, entries = next(iter(self._old.items()))
-            if entries:
-                entries.pop(next(iter(entries)))
-                self._old_size -= 1
-            if not entries:
-                del self._old[pid_]
+            pid, entries = next(iter(self._old.items()))
+            if len(entries) <= excess:
+                del self._old[pid]
+                dropped = len(entries)
+            else:
+                for key in list(islice(entries, excess)):
+                    del entries[key]
+                dropped = excess
+            self._old_size -= dropped
+            excess -= dropped
 
     def drop_partition(self, pid: str) -> None:
         self.resident.pop(pid, None)

@@ -193,3 +193,24 @@ def test_entries_a_lookup_reads_from_rocksdb_do_not_count_against_holding_the_ke
         r.put_entries("p", {k: Entry(2000 + i) for i, k in enumerate(keys[500:520])})  # 20 written
         r.lookup_packed("p", keys[100:116])  # 16 reach RocksDB: at least half of the 20 written
         assert list(r.tier.resident) == ["p"]
+
+
+def test_a_key_written_again_after_it_aged_answers_its_newest_entry_in_both_generations():
+    tier = HotTier(4)
+    tier.put_many("p", [b"a", b"b", b"c"], [b"1", b"2", b"3"])  # over half the capacity: they age
+    tier.put_many("p", [b"a"], [b"9"])  # young again, its aged copy still in the old generation
+    assert tier.get_many("p", [b"a", b"b", b"c"]) == [b"9", b"2", b"3"]
+    assert dict(tier.items()) == {("p", b"a"): b"9", ("p", b"b"): b"2", ("p", b"c"): b"3"}
+    assert len(tier) <= 4
+
+
+def test_trimming_in_small_steps_keeps_the_newest_entries_and_the_capacity():
+    tier = HotTier(1000)
+    keys = [f"k{i:05d}".encode() for i in range(3000)]
+    for start in range(0, len(keys), 7):  # many writes of a few entries each into one big keyspace
+        tier.put_many("p", keys[start:start + 7], keys[start:start + 7])
+        assert len(tier) <= 1000
+    answered = dict(tier.items())
+    assert all(answered[("p", k)] == k for k in keys[-500:])  # the young generation at least
+    assert all(raw == key for (_, key), raw in answered.items())
+    assert set(k for _, k in answered) <= set(keys[-1000:])  # the oldest went first
