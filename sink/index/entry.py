@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sink.ordering import stack
 
@@ -92,19 +93,25 @@ def entries_of_changes(changes: pa.Table) -> dict[str, dict[bytes, Entry]]:
     return out
 
 
-def pack_many(orderings: np.ndarray | Sequence[int], deleted: np.ndarray | Sequence[bool],
-              deleted_at: np.ndarray | Sequence[int] | int = 0) -> list[bytes]:
-    """Packed values of aligned ordering ((n,) or (n, width)) / deleted / deleted-at arrays."""
+def pack_array(orderings: np.ndarray | Sequence[int], deleted: np.ndarray | Sequence[bool],
+               deleted_at: np.ndarray | Sequence[int] | int = 0) -> pa.BinaryArray:
+    """Packed values of aligned ordering ((n,) or (n, width)) / deleted / deleted-at arrays, as
+    one Arrow array over a single buffer (no Python object per value)."""
     orderings = np.asarray(orderings, np.int64)
     orderings = orderings.reshape(len(orderings), -1) if orderings.size else orderings.reshape(0, 1)
-    width = orderings.shape[1]
-    records = np.zeros(len(orderings), _dtype(width))
+    n, width = orderings.shape
+    records = np.zeros(n, _dtype(width))
     records["ordering"] = orderings
     records["deleted"] = deleted
     records["deleted_at"] = np.where(records["deleted"], deleted_at, 0)
-    buf = records.tobytes()
-    n = size(width)
-    return [buf[i:i + n] for i in range(0, len(buf), n)]
+    offsets = np.arange(0, (n + 1) * size(width), size(width), dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(records.tobytes())])
+
+
+def pack_many(orderings: np.ndarray | Sequence[int], deleted: np.ndarray | Sequence[bool],
+              deleted_at: np.ndarray | Sequence[int] | int = 0) -> list[bytes]:
+    """`pack_array`'s values as bytes objects (what RocksDB writes take)."""
+    return pack_array(orderings, deleted, deleted_at).to_pylist()
 
 
 @cache
@@ -141,9 +148,11 @@ def expired(found: np.ndarray, deleted: np.ndarray, deleted_at: np.ndarray, expi
     return found & deleted & (deleted_at < expire_before)
 
 
-def pack_located_many(orderings, deleted, locations: Sequence[str], deleted_at=0) -> list[bytes]:
+def pack_located_many(orderings, deleted, locations: Sequence[str] | pa.Array, deleted_at=0) -> list[bytes]:
     """Packed values that also carry each key's partition id (global scope)."""
-    return [raw + loc.encode() for raw, loc in zip(pack_many(orderings, deleted, deleted_at), locations)]
+    located = pa.array(locations, pa.string()) if not isinstance(locations, pa.Array) else locations
+    return pc.binary_join_element_wise(pack_array(orderings, deleted, deleted_at), located.cast(pa.binary()),
+                                       b"").to_pylist()
 
 
 def unpack_located_many(raws: Sequence[bytes | None], width: int = 1) -> tuple[

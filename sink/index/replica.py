@@ -56,8 +56,8 @@ from sink.index.entry import (
     change_orderings,
     changes_schema,
     entries_of_changes,
+    pack_array,
     pack_located_many,
-    pack_many,
     size,
     unpack_located_many,
 )
@@ -804,24 +804,30 @@ class ShardReplica:
     def apply_changes(self, changes: pa.Table) -> int:
         """Write committed entries (`changes_schema` rows) into the partitions held; others are
         skipped (they load from the table, which already has the commit). Returns entries written."""
-        applied = 0
+        if not changes.num_rows:
+            return 0
         if self.located:
-            if not changes.num_rows or not self.has_partition(GLOBAL):
+            if not self.has_partition(GLOBAL):
                 return 0
             raws = pack_located_many(change_orderings(changes), changes.column("deleted").to_numpy(False),
-                                     changes.column("pid").to_pylist(), _deleted_at(changes))
+                                     changes.column("pid").combine_chunks(), _deleted_at(changes))
             self.put_packed(GLOBAL, changes.column("key").to_pylist(), raws)
             return changes.num_rows
-        if changes.num_rows:
-            encoded = pc.dictionary_encode(changes.column("pid")).combine_chunks()
-            codes = encoded.indices.to_numpy()
-            for code, pid in enumerate(encoded.dictionary.to_pylist()):
-                if not self.has_partition(pid):
-                    continue
-                rows = changes.filter(pa.array(codes == code))
-                raws = pack_many(change_orderings(rows), rows.column("deleted").to_numpy(False), _deleted_at(rows))
-                self.put_packed(pid, rows.column("key").to_pylist(), raws)
-                applied += rows.num_rows
+        # One sort by partition, then each held partition's rows are one slice.
+        encoded = pc.dictionary_encode(changes.column("pid")).combine_chunks()
+        codes = encoded.indices.to_numpy()
+        order = np.argsort(codes, kind="stable")
+        bounds = [0, *(np.flatnonzero(np.diff(codes[order])) + 1).tolist(), len(order)]
+        rows = changes.take(pa.array(order))
+        keys = rows.column("key").combine_chunks()
+        raws = pack_array(change_orderings(rows), rows.column("deleted").to_numpy(False), _deleted_at(rows))
+        applied = 0
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            pid = encoded.dictionary[codes[order[start]]].as_py()
+            if self.has_partition(pid):
+                self.put_packed(pid, keys.slice(start, end - start).to_pylist(),
+                                raws.slice(start, end - start).to_pylist())
+                applied += end - start
         return applied
 
     def held_of(self, pids: Iterable[str]) -> list[str]:
