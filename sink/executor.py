@@ -190,8 +190,9 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
         if pc.any(bad).as_py():
             parts.append(_passed_through(records.filter(bad), ctx.output_schema))
             records = records.filter(pc.invert(bad))
-        for shard in pc.unique(records.column(C.SHARD)).to_pylist():
-            rows = records.filter(pc.equal(records.column(C.SHARD), shard))
+        shards = pc.unique(records.column(C.SHARD)).to_pylist()
+        for shard in shards:
+            rows = records if len(shards) == 1 else records.filter(pc.equal(records.column(C.SHARD), shard))
             parts.append(_tag_shard(ctx, int(shard), rows, stats).cast(ctx.output_schema))
     if parts:
         out = pa.concat_tables(parts)
