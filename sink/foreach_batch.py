@@ -56,6 +56,7 @@ from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import added_columns, check_history_columns
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, record_partitions
+from sink.placement import unplaced_deletes
 from sink.prepare import prepare, sql_string, tagged_schema, validate_stream, with_hidden_ordering
 from sink.report import BatchReport
 from sink.tagging import DELETE, INSERT, UPDATE
@@ -273,7 +274,8 @@ class UpsertSink:
                     ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files, now)
                     if self._on_driver:
                         self._kept_open_dir = Path(ctx.index_root()) / ctx.table_id
-                tagged = self._tag(prepared, ctx, out_schema, added, report)
+                tombstones = (batch_id, now) if attempt == 0 and cfg.delete_when else None
+                tagged, tombstoned = self._tag(prepared, ctx, out_schema, added, report, tombstones)
                 with report.timed("split"):
                     batch = self._read_tags(tagged, report)
                     self._log_keys_in_other_partition(report)
@@ -283,7 +285,7 @@ class UpsertSink:
                         hidden = set(self._stream_config.hidden_ordering.values())
                         self._quarantine(records, [c for c in batch_df.columns if c not in hidden], batch_id)
                     self._log_without_partition(report)
-                    if cfg.delete_when:
+                    if cfg.delete_when and not tombstoned:
                         with report.timed("tombstones"):
                             self._append_tombstones(records.filter(pc.and_(
                                 records.column(C.DELETE), pc.not_equal(records.column(C.OP), QUARANTINED))),
@@ -375,21 +377,29 @@ class UpsertSink:
             QUARANTINE_BATCH, pa.array([batch_id] * bad.num_rows, pa.int64()))
         append_once(self.config.resolved_quarantine_uri, rows, [], self.writer_id, batch_id)
 
-    def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema, added: list[pa.Field],
-             report: BatchReport) -> pa.Table:
+    def _tag(self, prepared: DataFrame, ctx: TaskContext, out_schema, added: list[pa.Field], report: BatchReport,
+             tombstones: tuple[int, float] | None = None) -> tuple[pa.Table, bool]:
         """The tagging job's output: tagged records and stats rows; with `ctx.write_files`, the
-        writing tasks' file rows in place of the writes."""
+        writing tasks' file rows in place of the writes. `tombstones` (batch id, time): the
+        batch's tombstones are due; with driver tagging they are written beside the tagging when
+        no delete needs the index to place it. Returns the output and whether they were."""
         if self._on_driver:
-            # The replicas catch up while Spark runs the batch's job (this thread only waits for its output).
-            with ThreadPoolExecutor(max_workers=1) as pool:
+            # The replicas catch up while Spark runs the batch's job (this thread only waits for
+            # its output); the tombstone table's write runs while this thread tags.
+            with ThreadPoolExecutor(max_workers=2) as pool:
                 with report.timed("collect"):
                     ahead = pool.submit(catch_up_kept_open, ctx)
                     records = prepared.toArrow()
                     records = records.append_column(C.KEY, keys.encode_keys(records, self.config.key))
+                deletes = None if tombstones is None else deletes_before_tagging(records, self.config)
+                written = (pool.submit(self._append_tombstones, deletes, *tombstones)
+                           if deletes is not None and deletes.num_rows else None)
                 with report.timed("tag"):
                     caught_up = ahead.result()
                     tagged = tag_locally(ctx, records, os.cpu_count() or 1)
-            return pa.concat_tables([tagged, stats_table(ctx, caught_up)])
+                    if written is not None:
+                        written.result()
+            return pa.concat_tables([tagged, stats_table(ctx, caught_up)]), deletes is not None
         snapshot = None
         try:
             with report.timed("tag"):
@@ -399,7 +409,7 @@ class UpsertSink:
                     snapshot = prepared.sparkSession.sparkContext.broadcast(
                         stored_files(self._target.table, self.config.partition_by))
                     job = self._writing(job, ctx, out_schema, added, snapshot)
-                return self._run(job, ctx, report)
+                return self._run(job, ctx, report), False
         except Exception as e:
             # A task that failed its partition loads fails the batch; the message names them.
             if PartitionLoadError.__name__ not in str(e):
@@ -601,6 +611,16 @@ class UpsertSink:
             TOMBSTONE_DELETED_AT, pa.array([int(now) * 1_000_000] * n, pa.timestamp("us", tz="UTC")))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
                     schema_mode="merge")
+
+
+def deletes_before_tagging(records: pa.Table, cfg: SinkConfig) -> pa.Table | None:
+    """The valid delete records of a collected batch, as its tombstones take them, when tagging
+    cannot change them: None when a delete names no partition in partitioned scope (the index
+    places it, sink.placement)."""
+    deletes = records.filter(pc.and_(records.column(C.DELETE), pc.is_null(records.column(C.REASON))))
+    if cfg.scope == "partitioned" and unplaced_deletes(deletes, cfg.partition_by, deletes.column(C.DELETE)).any():
+        return None
+    return deletes
 
 
 def _spark_aborted_a_rerun(error: Exception) -> str | None:

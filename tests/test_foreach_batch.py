@@ -152,15 +152,18 @@ def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
     assert value("upsert_sink_table_version") == DeltaTable(cfg.table_uri).version()
 
 
-@pytest.mark.parametrize("tag_on, tagged_in", [("executors", {"tag"}), ("driver", {"collect", "tag"})])
+# Driver tagging writes the tombstones of deletes that name their partition beside the tagging.
+@pytest.mark.parametrize("tag_on, tagged_in", [("executors", {"tag", "tombstones"}), ("driver", {"collect", "tag"})])
 def test_the_batch_log_line_says_where_the_time_went(spark, tmp_path, tag_on, tagged_in):
     sink = UpsertSink(config(tmp_path, writer_id=f"phases-{tag_on}", tag_on=tag_on))
     sink(frame(spark, [Event("a", "2025-01-01", 1, "u", "1")]), 0)
     sink(frame(spark, [Event("a", "2025-01-01", 2, "d", "2"), Event("b", "2025-01-01", 2, "u", "2")]), 1)
     report = sink.reports[-1]
     ran = {phase for phase, seconds in report.phases.items() if seconds > 0}
-    assert {"checks", "prepare", "split", "tombstones", "commit", "metrics"} | tagged_in <= ran
-    assert ("collect" in ran) == (tag_on == "driver")
+    assert {"checks", "prepare", "split", "commit", "metrics"} | tagged_in <= ran
+    assert ("collect" in ran) == ("tombstones" not in ran) == (tag_on == "driver")
+    tombstones = DeltaTable(sink.config.resolved_tombstone_uri).to_pyarrow_table().to_pylist()
+    assert [(r["id"], r["_tombstone_batch_id"]) for r in tombstones] == [("a", 1)]
     assert ("changelog" in ran) == (tag_on == "executors")  # replicas that never move need none
     # The phases account for the batch: what is not in one is bookkeeping between them.
     untimed = report.total_seconds - (sum(report.phases.values()) - report.phases["metrics"])

@@ -8,6 +8,8 @@ from sink import SinkConfig, UpsertSink, tombstones
 from sink.cli import main
 from sink.errors import ConfigError
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER
+from sink import columns as C
+from sink.foreach_batch import deletes_before_tagging
 from sink.tombstones import compact, latest_per_key
 
 SCHEMA = "id INT, v STRING, seq INT, op STRING"
@@ -203,3 +205,22 @@ def test_a_ttl_set_at_a_restart_expires_deletes_written_without_one(spark, tmp_p
     report = write(spark, restarted, 3, [(1, "late", 3, "u"), (2, "late", 3, "u")])
     assert (report.ops["insert"], report.ops["stale"]) == (1, 1)
     assert rows_of(restarted.config.table_uri) == [(1, "late", 3)]
+
+
+def collected(dts: list[str | None], deletes: list[bool], reasons: list[str | None]) -> pa.Table:
+    return pa.table({"id": list(range(len(dts))), "dt": pa.array(dts, pa.string()), "seq": [1] * len(dts),
+                     C.REASON: pa.array(reasons, pa.string()), C.DELETE: deletes})
+
+
+@pytest.mark.parametrize("scope", ["partitioned", "global"])
+def test_the_deletes_known_before_tagging_are_the_valid_ones(tmp_path, scope):
+    cfg = config(tmp_path, partition_by=["dt"], scope=scope)
+    records = collected(["d1", "d1", "d2", None], [True, False, True, True], [None, None, "bad", "bad"])
+    assert deletes_before_tagging(records, cfg).column("id").to_pylist() == [0]  # a quarantined one is not
+
+
+def test_a_delete_naming_no_partition_waits_for_the_index_in_partitioned_scope_only(tmp_path):
+    records = collected(["d1", None, "d2"], [True, True, False], [None, None, None])
+    assert deletes_before_tagging(records, config(tmp_path, partition_by=["dt"])) is None  # placed while tagging
+    known = deletes_before_tagging(records, config(tmp_path, partition_by=["dt"], scope="global"))
+    assert known.column("id").to_pylist() == [0, 1]  # global scope: the key says where, the row stays as sent
