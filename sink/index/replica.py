@@ -88,6 +88,11 @@ RELEASE_FILE = "RELEASE"
 RESIDENT_MIN_LOOKUPS = 256
 # Above this many entries a partition load goes through an SST file and ingest.
 _SST_THRESHOLD = 20_000
+# Entries per RocksDB write of a promotion. A write holds the GIL throughout, and the driver
+# promotes while its main thread collects the next batch, which needs the GIL back after
+# every read of Spark's stream: smaller writes let it in sooner (an events batch at 1M rows,
+# one process alternating: collect 0.164 -> 0.149 s).
+WRITE_CHUNK = 4096
 
 
 def changes_table(changes: Mapping[str, Mapping[bytes, Entry]], width: int = 1) -> pa.Table:
@@ -706,11 +711,13 @@ class ShardReplica:
         if not len(keys):
             return
         self._key_filter(pid).add(hashes(keys))
-        batch = WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid))
-        for key, raw in zip(keys, raws):
-            batch.put(key, raw)
-        self._db.write(batch)
+        handle = self._db.get_column_family_handle(PARTITION_CF_PREFIX + pid)
+        for start in range(0, len(keys), WRITE_CHUNK):
+            batch = WriteBatch(raw_mode=True)
+            batch.set_default_column_family(handle)
+            for key, raw in zip(keys[start:start + WRITE_CHUNK], raws[start:start + WRITE_CHUNK]):
+                batch.put(key, raw)
+            self._db.write(batch)
         self.tier.put_many(pid, keys, raws)
         if self._key_filters[pid].full:
             self._key_filters[pid] = self._scanned_key_filter(pid)
@@ -738,7 +745,8 @@ class ShardReplica:
         return None if token is None or raw is None else KeyFilter.from_bytes(raw, token)
 
     def _scanned_key_filter(self, pid: str) -> KeyFilter:
-        built = KeyFilter.build(hashes(list(self._cf(PARTITION_CF_PREFIX + pid).keys())))
+        # A comprehension, not list(): the scan then lets other threads run (see WRITE_CHUNK).
+        built = KeyFilter.build(hashes([key for key in self._cf(PARTITION_CF_PREFIX + pid).keys()]))
         # A growing partition's filter is rebuilt each time its keys double: worth a line only
         # for the global keyspace, whose scans take seconds.
         log.log(logging.INFO if pid == GLOBAL else logging.DEBUG, "replica %s: key filter of %s built from its %d keys",
