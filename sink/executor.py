@@ -287,6 +287,11 @@ class LazySource:
     def __init__(self, ctx: TaskContext, shard: int):
         self._ctx, self._shard, self._source = ctx, shard, None
 
+    @property
+    def opened(self) -> bool:
+        """Whether this task read the tables (a bootstrap or partition loads)."""
+        return self._source is not None
+
     def get(self) -> ShardSource:
         if self._source is None:
             ctx = self._ctx
@@ -324,6 +329,7 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: 
             ctx.tiering_column, ctx.bootstrap_days, ctx.now,
         )
         _count_loads(stats, {"bootstrap": booted.partitions}, booted)
+    replica.hold_wanted()
     return source
 
 
@@ -389,6 +395,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             clock.lap("cross_check")
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         clock.lap("stage")
+        if source.opened:  # a cold batch anyway: hold now what its lookups asked for, not in the next one
+            replica.hold_wanted()
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
         stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes,

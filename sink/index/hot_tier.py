@@ -33,6 +33,7 @@ class HotTier:
         self.capacity = capacity
         self.resident_keys = resident_keys
         self.resident: dict[str, Resident] = {}  # keyspaces held whole: their lookups stop here
+        self.wanted: set[str] = set()  # keyspaces to hold whole at the replica's next catch-up
         self.written: dict[str, int] = {}  # entries written per keyspace since its last lookup
         self._young: dict[str, dict[bytes, bytes]] = {}
         self._old: dict[str, dict[bytes, bytes]] = {}
@@ -144,12 +145,13 @@ class HotTier:
 
     def drop_partition(self, pid: str) -> None:
         self.resident.pop(pid, None)
+        self.wanted.discard(pid)
         self.written.pop(pid, None)
         self._young_size -= len(self._young.pop(pid, {}))
         self._old_size -= len(self._old.pop(pid, {}))
 
     def clear(self) -> None:
-        self.resident, self.written = {}, {}
+        self.resident, self.written, self.wanted = {}, {}, set()
         self._young, self._old = {}, {}
         self._young_size = self._old_size = 0
 

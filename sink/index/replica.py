@@ -625,20 +625,30 @@ class ShardReplica:
         return raws
 
     def _maybe_hold_whole(self, pid: str, reached_rocksdb: int, written: int) -> None:
-        """Hold keyspace `pid` resident once one lookup sent a 64th of its keys to RocksDB (a
-        scan of it costs about what a ninth as many RocksDB lookups do) and at least half as
-        many as were written to it since its last lookup (an entry written costs a resident
-        keyspace, in its share of the folds, about half what a RocksDB lookup costs), if the
-        budget has room. `_lookup_tiers` lets it go again once written more than that."""
+        """Ask for keyspace `pid` to be held resident once one lookup sent a 64th of its keys to
+        RocksDB (a scan of it costs about what a ninth as many RocksDB lookups do) and at least
+        half as many as were written to it since its last lookup (an entry written costs a
+        resident keyspace, in its share of the folds, about half what a RocksDB lookup costs),
+        if the budget has room. `hold_wanted` builds it; `_lookup_tiers` lets it go again once
+        written more than that."""
         estimate = self._key_filter(pid).keys
-        if reached_rocksdb < max(RESIDENT_MIN_LOOKUPS, estimate // 64, written / 2) or not self.tier.room_for(estimate):
-            return
-        keys, raws = [], []
-        for key, raw in self._raw_items(pid):
-            keys.append(key)
-            raws.append(raw)
-        if self.tier.room_for(len(keys)):
-            self.tier.hold(pid, Resident.of(keys, raws))
+        if reached_rocksdb >= max(RESIDENT_MIN_LOOKUPS, estimate // 64, written / 2) and self.tier.room_for(estimate):
+            self.tier.wanted.add(pid)
+
+    def hold_wanted(self) -> None:
+        """Hold whole the keyspaces lookups asked for, where they still fit. Called once the
+        replica has caught up, before a batch's lookups: with driver tagging while the batch is
+        collected, so the scans (~0.05 s for 80k entries) are not tagging's to wait for."""
+        for pid in sorted(self.tier.wanted):
+            self.tier.wanted.discard(pid)
+            if not self.has_partition(pid) or pid in self.tier.resident:
+                continue
+            keys, raws = [], []
+            for key, raw in self._raw_items(pid):
+                keys.append(key)
+                raws.append(raw)
+            if self.tier.room_for(len(keys)):
+                self.tier.hold(pid, Resident.of(keys, raws))
 
     def live_elsewhere(self, keys: Sequence[bytes], own_pids: Sequence[str]) -> dict[bytes, str]:
         """Of `keys` (each paired with its own partition), those a held partition other than
