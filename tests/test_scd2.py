@@ -489,6 +489,32 @@ def test_global_scope_keeps_a_moving_keys_versions_in_their_own_partitions(spark
     verify_replicas(sink.config)
 
 
+def test_in_global_scope_a_replica_built_from_the_table_learns_where_another_wrote_an_older_version(
+        spark, tmp_path):
+    """Two index dirs in turn, as two executors running the one shard: a replica's list of a
+    key's partitions can name one that holds no version (an event there lost a tie), while a
+    replica built from the table lists only those that do. An older event in that partition
+    then adds a version without changing the list of the replica that tags it: the
+    changelog must still tell the other replica, whose next late event there splits that
+    version."""
+    a, b = "2025-01-05", "2025-01-03"
+    events = [
+        [Event("k", a, 10, "u", "x")],  # dir 0
+        [Event("k", b, 10, "u", "x")],  # dir 0: a tie the stored version wins; its list gains b
+        [Event("j", a, 1, "u", "x")],  # dir 1: a new replica, built from the table: k in a
+        [Event("k", b, 5, "u", "y")],  # dir 0: a version [5, 10) in b, k's entry and list unchanged
+        [Event("k", b, 7, "u", "z")],  # dir 1: splits it, which needs the table's rows of k in b
+    ]
+    cfg = dict(table_uri=str(tmp_path / "t"), key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
+               scope="global", scd_type=2, writer_id="w", num_shards=1, metrics_port=0, tag_on="executors")
+    sinks = [UpsertSink(SinkConfig(index_dir=str(tmp_path / f"index-{i}"), **cfg)) for i in range(2)]
+    for n, batch in enumerate(events):
+        sink = sinks[0 if n in (0, 1, 3) else 1]
+        sink(spark.createDataFrame(batch, EVENT_SCHEMA), n)
+        assert history_rows(cfg["table_uri"]) == expected_history(events[: n + 1], scope="global"), f"batch {n}"
+    assert sinks[1].reports[-1].changelog_applied == 1  # batch 3's entry of k
+
+
 @pytest.mark.parametrize("scope, point", [("partitioned", "written"), ("global", "committed"),
                                           ("global", "written")])
 def test_a_driver_killed_inside_a_history_commit_resumes_to_the_oracles_history(spark, tmp_path, scope, point):

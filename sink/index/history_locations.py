@@ -6,6 +6,13 @@ then carries, in the place of the one partition a type 1 entry names, the sorted
 partitions any of its events named (upserts and deletes that named one). That is a superset
 of where its versions and its stored deletes are: a batch reads exactly those partitions of
 the key, and a partition in the list that holds none of its rows only costs a probe.
+
+Replicas of one shard may list a key differently: one that tagged a batch whose event lost
+a tie lists that event's partition, one built from the table since does not. So a batch
+writes the entry of every key its events name into its changes (staged, and the changelog
+another executor catches up from), whether its own list grew or not: an older event in a
+partition this replica already lists still adds a version there, which the other replica
+must learn to read.
 """
 
 from __future__ import annotations
@@ -44,8 +51,9 @@ def widen(changes: pa.Table, keys: pa.Array, partitions: pa.Array, looked_up: Se
           raws: Sequence[bytes | None], width: int) -> tuple[pa.Table, pa.Array]:
     """A global-scope batch's index changes with every key's location widened to its list:
     the stored one (`raws`, the entries of the `looked_up` keys) plus the partitions the
-    batch's records name (`keys`, `partitions`: null where a delete names none). A key whose
-    list grew while its entry did not change joins with its entry as it was.
+    batch's records name (`keys`, `partitions`: null where a delete names none). A stored
+    key whose records name a partition while its entry did not change joins with its entry
+    as it was and its list widened, grown or not (another replica may list less).
 
     Also returns each record's stored location (null where the index lacks the key): the
     partitions a batch reads of it."""
@@ -57,13 +65,12 @@ def widen(changes: pa.Table, keys: pa.Array, partitions: pa.Array, looked_up: Se
     locations = {k: joined([*split(stored.get(k)), *named.get(k, [])]) for k in {*changed, *named}}
     pids = pa.array([locations[k] for k in changes.column("key").to_pylist()], pa.string())
     out = changes.set_column(0, "pid", pids)
-    grown = [i for i, k in enumerate(looked_up) if present[i] and k not in changed
-             and locations.get(k, stored[k]) != stored[k]]
-    if grown:
-        rows = np.array(grown, np.int64)
+    named_only = [i for i, k in enumerate(looked_up) if present[i] and k not in changed and k in named]
+    if named_only:
+        rows = np.array(named_only, np.int64)
         out = pa.concat_tables([out, pa.table(
-            [pa.array([locations[looked_up[i]] for i in grown], pa.string()),
-             pa.array([looked_up[i] for i in grown], pa.binary()),
+            [pa.array([locations[looked_up[i]] for i in named_only], pa.string()),
+             pa.array([looked_up[i] for i in named_only], pa.binary()),
              *(pa.array(orderings[rows, j]) for j in range(width)),
              pa.array(deleted[rows]), pa.array(deleted_at[rows])], schema=changes_schema(width))])
     record_keys = keys.cast(pa.binary()).to_pylist()

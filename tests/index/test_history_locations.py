@@ -30,10 +30,15 @@ def test_a_batch_widens_changed_keys_and_keys_whose_only_events_were_late():
     assert located.to_pylist() == ["p1", "p1\np3", None]
 
 
-def test_a_key_whose_events_name_only_partitions_it_lists_changes_nothing():
+def test_a_key_whose_events_name_only_partitions_it_lists_is_written_as_it_was():
+    """Another replica of the shard may list less (one built from the table lists only the
+    partitions holding rows): the entry goes to the changelog all the same."""
     raws = pack_located_many([3], [False], ["p1" + SEPARATOR + "p2"])
-    out, located = widen(changes([]), pa.array([b"a"], pa.binary()), pa.array(["p2"]), [b"a"], raws, width=1)
-    assert out.num_rows == 0 and located.to_pylist() == ["p1\np2"]
+    out, located = widen(changes([]), pa.array([b"a", b"b"], pa.binary()), pa.array(["p2", None]), [b"a", b"b"],
+                         [*raws, *pack_located_many([4], [True], ["p1"])], width=1)
+    # b: a delete naming no partition adds none, and its entry did not change: nothing to tell.
+    assert out.to_pylist() == [{"pid": "p1\np2", "key": b"a", "ordering": 3, "deleted": False, "deleted_at": 0}]
+    assert located.to_pylist() == ["p1\np2", "p1"]
 
 
 def test_partition_lists_are_sorted_distinct_and_skip_nulls():
