@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +50,7 @@ from sink.index.replica import (
     replica_spec,
     wipe_damaged,
 )
+from sink.lakehouse import open_tables
 from sink.lakehouse.delta_rs import rows_in
 from sink.lakehouse.log import read_commit
 from sink.moves import keep_stored_values, placed
@@ -109,6 +110,9 @@ class TaskContext:
     # A history table (scd_type 2): in global scope an entry locates a key in every partition
     # its events named (sink.index.history_locations).
     history: bool = False
+    # The sink object this batch is of: the tables a process keeps open serve only it ("":
+    # nothing kept open; sink.lakehouse.open_tables).
+    sink_instance: str = ""
 
     @property
     def expire_before(self) -> int | None:
@@ -260,8 +264,8 @@ def catch_up_kept_open(ctx: TaskContext) -> dict:
         try:
             # Not flushed: the shard's tagging flushes it when due (FLUSH_EVERY_S), and a flush
             # here would compete with Spark's job for the CPU.
-            with _replica(ctx, path, flush=False) as replica:
-                prepare_replica(ctx, replica, shard, stats)
+            with _replica(ctx, path, flush=False) as replica, LazySource(ctx, shard) as source:
+                prepare_replica(ctx, replica, source, shard, stats)
         except Exception as e:
             log.info("replica %s not caught up ahead of tagging (%s); its tagging catches it up",
                      path, str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -282,10 +286,19 @@ def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 class LazySource:
-    """The shard's Delta tables, opened on first use (most batches load nothing)."""
+    """The shard's Delta tables, opened on first use (most batches load nothing) and
+    borrowed from the tables this process keeps open for the sink (sink.lakehouse.open_tables)
+    until the block using it ends."""
 
     def __init__(self, ctx: TaskContext, shard: int):
         self._ctx, self._shard, self._source = ctx, shard, None
+        self._borrowed = ExitStack()
+
+    def __enter__(self) -> LazySource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._borrowed.close()
 
     @property
     def opened(self) -> bool:
@@ -295,15 +308,16 @@ class LazySource:
     def get(self) -> ShardSource:
         if self._source is None:
             ctx = self._ctx
-            self._source = ShardSource.open(ctx.table_uri, ctx.tombstone_uri, ctx.table_version, ctx.key_cols,
-                                            ctx.ordering, self._shard, ctx.num_shards, ctx.partition_cols,
-                                            ctx.history)
+            table = self._borrowed.enter_context(open_tables.lend(ctx.table_uri, ctx.sink_instance, ctx.table_version))
+            tombstones = (self._borrowed.enter_context(open_tables.lend(ctx.tombstone_uri, ctx.sink_instance))
+                          if DeltaTable.is_deltatable(ctx.tombstone_uri) else None)
+            self._source = ShardSource.of(table, tombstones, ctx.key_cols, ctx.ordering, self._shard, ctx.num_shards,
+                                          ctx.partition_cols, ctx.history)
         return self._source
 
 
-def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: dict) -> LazySource:
+def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource, shard: int, stats: dict) -> None:
     """Catch the replica up to the batch's table version; bootstrap it if it was emptied."""
-    source = LazySource(ctx, shard)
     changes = own_changes = None
     if ctx.change_data_feed:
         def changes(v: int):
@@ -330,7 +344,6 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, shard: int, stats: 
         )
         _count_loads(stats, {"bootstrap": booted.partitions}, booted)
     replica.hold_wanted()
-    return source
 
 
 def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.Table:
@@ -354,10 +367,10 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
     unplaced = np.zeros(rows.num_rows, bool) if located else unplaced_deletes(rows, ctx.partition_cols,
                                                                                rows.column(C.DELETE))
     quarantined = None
-    with _replica(ctx, path) as replica:
+    with _replica(ctx, path) as replica, LazySource(ctx, shard) as source:
         clock.lap("open")
         stats["replicas_repaired"] += replica.repaired is not None
-        source = prepare_replica(ctx, replica, shard, stats)
+        prepare_replica(ctx, replica, source, shard, stats)
         clock.lap("catch_up")
         needed, everywhere = _hold(ctx, replica, source, pids, unplaced.any(), stats)
         clock.lap("load")

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -43,6 +44,7 @@ from sink.history_writes import HistoryBatch, history_writes
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
+from sink.lakehouse import open_tables
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import (
     COMMIT_KINDS,
@@ -109,6 +111,7 @@ class UpsertSink:
         self._kept_open_dir: Path | None = None  # this table's replicas kept open by driver tagging
         self._changelog_uri: str | None = None
         self._changelog_swept: int | None = None  # version at the last retention sweep
+        self._instance = uuid.uuid4().hex  # tables kept open for this object (sink.lakehouse.open_tables)
         metrics.serve(config.metrics_port)
         metrics.start(self.writer_id, OUTCOMES)
 
@@ -117,6 +120,7 @@ class UpsertSink:
         reopens them); call it once the query has ended. At exit they close anyway."""
         if self._kept_open_dir is not None:
             close_kept_open(under=self._kept_open_dir)
+        open_tables.forget(self._instance)
 
     def _num_shards(self, batch_df: DataFrame) -> int:
         return self.config.num_shards or batch_df.sparkSession.sparkContext.defaultParallelism
@@ -377,6 +381,7 @@ class UpsertSink:
             write_files=(not self._on_driver and self._target.update_mode() == "rewrite"
                          and (cfg.scd_type == 1 or cfg.scope == "partitioned")),
             history=cfg.scd_type == 2,
+            sink_instance=self._instance,
         )
 
     def _quarantine(self, records: pa.Table, columns: list[str], batch_id: int) -> None:
@@ -618,7 +623,7 @@ class UpsertSink:
             TOMBSTONE_BATCH, pa.array([batch_id] * n, pa.int64())).append_column(
             TOMBSTONE_DELETED_AT, pa.array([int(now) * 1_000_000] * n, pa.timestamp("us", tz="UTC")))
         append_once(cfg.resolved_tombstone_uri, rows, cfg.partition_by, self.writer_id, batch_id,
-                    schema_mode="merge")
+                    schema_mode="merge", owner=f"{self._instance}/appends")
 
 
 @contextmanager

@@ -45,8 +45,15 @@ class ShardSource:
              shard: int, num_shards: int, partition_cols=(), history: bool = False) -> ShardSource:
         """The table at `version` and the tombstone table, if there is one yet."""
         tombstones = DeltaTable(tombstone_uri) if DeltaTable.is_deltatable(tombstone_uri) else None
-        return cls(DeltaTable(table_uri, version=version), tombstones, tuple(key_cols),
-                   tuple(columns_of(ordering)), shard, num_shards, tuple(partition_cols), history)
+        return cls.of(DeltaTable(table_uri, version=version), tombstones, key_cols, ordering, shard, num_shards,
+                      partition_cols, history)
+
+    @classmethod
+    def of(cls, table: DeltaTable, tombstones: DeltaTable | None, key_cols, ordering: str | Sequence[str],
+           shard: int, num_shards: int, partition_cols=(), history: bool = False) -> ShardSource:
+        """From tables already open (`table` at the version the replica reflects)."""
+        return cls(table, tombstones, tuple(key_cols), tuple(columns_of(ordering)), shard, num_shards,
+                   tuple(partition_cols), history)
 
     def read(self, pid: str) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """Keys and packed entries of one partition (one chunk), or of the whole shard for

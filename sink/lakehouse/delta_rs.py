@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_d
 from deltalake.exceptions import CommitFailedError
 
 from sink.errors import ConfigError, UnsupportedTableError
-from sink.lakehouse import append, merge, rewrite, versions
+from sink.lakehouse import append, merge, open_tables, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import merge_only_reason, unreadable_reason
 from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
@@ -260,26 +260,35 @@ def rows_in(table: DeltaTable, pids: Sequence[str], columns: Sequence[str]) -> p
 
 def append_once(
     uri: str, rows: pa.Table, partition_by: Sequence[str], app_id: str, batch_id: int,
-    schema_mode: str | None = None,
+    schema_mode: str | None = None, owner: str = "",
 ) -> bool:
     """Append `rows` to a side table (quarantine, tombstones) unless this batch already did;
     `schema_mode="merge"` adds columns an older table lacks. Returns True when it wrote.
+    `owner`: the table is kept open for it between calls (sink.lakehouse.open_tables).
     """
     if rows.num_rows == 0:
         return False
-    if DeltaTable.is_deltatable(uri):
-        done = DeltaTable(uri).transaction_version(app_id)
+    if not DeltaTable.is_deltatable(uri):
+        _append(uri, rows, partition_by, app_id, batch_id, schema_mode)
+        return True
+    with open_tables.lend(uri, owner) as table:
+        done = table.transaction_version(app_id)
         if done is not None and done >= batch_id:
             return False
+        _append(table, rows, partition_by, app_id, batch_id, schema_mode)
+    return True
+
+
+def _append(table: str | DeltaTable, rows: pa.Table, partition_by: Sequence[str], app_id: str, batch_id: int,
+            schema_mode: str | None) -> None:
     write_deltalake(
-        uri,
+        table,
         rows,
         mode="append",
         partition_by=list(partition_by) or None,
         schema_mode=schema_mode,
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
     )
-    return True
 
 
 def _refuse_foreign_location(uri: str) -> None:

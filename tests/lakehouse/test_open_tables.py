@@ -1,0 +1,105 @@
+import shutil
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from sink.lakehouse import open_tables
+
+
+def rows(table: DeltaTable) -> list[int]:
+    return sorted(table.to_pyarrow_table().column("a").to_pylist())
+
+
+def test_a_returned_table_is_brought_forward_and_reads_as_a_fresh_open(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    with open_tables.lend(uri, "sink-1", 0) as first:
+        assert rows(first) == [1]
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    write_deltalake(uri, pa.table({"a": [3]}), mode="append")
+    with open_tables.lend(uri, "sink-1", 2) as second:
+        assert second is first  # kept open, not reopened
+        assert second.version() == 2
+        assert rows(second) == rows(DeltaTable(uri, version=2)) == [1, 2, 3]
+    with open_tables.lend(uri, "sink-1") as latest:  # no version: the latest
+        assert latest is first and latest.version() == 2
+    open_tables.forget("sink-1")
+
+
+def test_a_version_older_than_the_kept_one_is_opened_afresh(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    with open_tables.lend(uri, "sink-1", 1) as newer:
+        pass
+    with open_tables.lend(uri, "sink-1", 0) as older:
+        assert older is not newer
+        assert older.version() == 0 and rows(older) == [1]
+    open_tables.forget("sink-1")
+
+
+def test_a_table_is_lent_to_one_borrower_at_a_time(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    with open_tables.lend(uri, "sink-1", 0) as first, open_tables.lend(uri, "sink-1", 0) as second:
+        assert first is not second
+        assert rows(first) == rows(second) == [1]
+    open_tables.forget("sink-1")
+
+
+def test_without_an_owner_nothing_is_kept(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    with open_tables.lend(uri, "", 0) as first:
+        pass
+    with open_tables.lend(uri, "", 0) as second:
+        assert second is not first
+
+
+def test_a_new_owner_never_gets_a_table_from_before_the_table_was_recreated(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    with open_tables.lend(uri, "old-sink") as old:
+        assert rows(old) == [1, 2]
+    shutil.rmtree(uri)
+    write_deltalake(uri, pa.table({"a": [7]}))
+    write_deltalake(uri, pa.table({"a": [8]}), mode="append")
+    write_deltalake(uri, pa.table({"a": [9]}), mode="append")
+    with open_tables.lend(uri, "new-sink", 2) as new:
+        assert new is not old
+        assert rows(new) == [7, 8, 9]
+    open_tables.forget("old-sink")
+    open_tables.forget("new-sink")
+
+
+def test_forget_drops_the_owners_tables_and_its_uses_only(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    kept = {}
+    for owner in ("sink-1", "sink-1/appends", "sink-2"):
+        with open_tables.lend(uri, owner) as table:
+            kept[owner] = table
+    open_tables.forget("sink-1")
+    for owner in ("sink-1", "sink-1/appends"):
+        with open_tables.lend(uri, owner) as table:
+            assert table is not kept[owner]
+    with open_tables.lend(uri, "sink-2") as table:
+        assert table is kept["sink-2"]
+    for owner in ("sink-1", "sink-2"):
+        open_tables.forget(owner)
+
+
+def test_at_most_kept_tables_stay_open(tmp_path, monkeypatch):
+    monkeypatch.setattr(open_tables, "KEPT", 2)
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    kept = {}
+    for owner in ("a", "b", "c"):  # "a" returned first: dropped when "c" comes back
+        with open_tables.lend(uri, owner) as table:
+            kept[owner] = table
+    for owner, same in (("c", True), ("b", True), ("a", False)):
+        with open_tables.lend(uri, owner) as table:
+            assert (table is kept[owner]) is same
+    for owner in ("a", "b", "c"):
+        open_tables.forget(owner)
