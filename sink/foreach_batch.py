@@ -280,9 +280,8 @@ class UpsertSink:
             files = file_order(batch_files(batch_df))
         others: dict[str, None] = {}  # who committed in between, in order of appearance
         for attempt in range(cfg.max_commit_retries + 1):
-            if ctx is None:
+            if ctx is None:  # the table was refreshed by the checks, or after the conflict
                 with report.timed("prepare"):
-                    self._target.refresh()
                     ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files, now)
                     if self._on_driver:
                         self._kept_open_dir = Path(ctx.index_root()) / ctx.table_id
