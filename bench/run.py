@@ -23,13 +23,14 @@ from bench import commit_bench, e2e, global_bench, history_bench, tagging_bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-QUICK = {"sizes": [1_000_000], "workloads": ["events", "insert-only"], "batches": 3, "batch_rows": 100_000,
+QUICK = {"sizes": [1_000_000], "workloads": ["events", "insert-only"], "batches": 3, "tiny_batches": 6,
+         "batch_rows": 100_000,
          "tag_index_keys": 200_000, "index_partitions": 2, "index_keys_per_partition": 200_000,
          "commit_sizes": [1_000_000], "commit_repeats": 1, "global_sizes": [200_000],
          "memory_sizes": [100_000, 1_000_000], "history_sizes": [1_000_000]}
 FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000],
         "workloads": ["events", "insert-only", "update-heavy", "recent-updates"],
-        "batches": 4, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,
+        "batches": 6, "tiny_batches": 12, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,
         "index_keys_per_partition": 1_000_000, "commit_sizes": [1_000_000, 5_000_000, 10_000_000],
         "commit_repeats": 2, "global_sizes": [1_000_000, 10_000_000], "memory_sizes": [100_000, 1_000_000],
         "history_sizes": [1_000_000, 10_000_000]}
@@ -144,7 +145,7 @@ def main() -> None:
         result["e2e"] = e2e.run(spark, work, params["sizes"], params["workloads"], params["batches"],
                                 params["batch_rows"], num_shards=2)
         print("== tiny batches (events mix)", flush=True)
-        result["e2e_tiny"] = e2e.run_tiny(spark, work, params["sizes"][0], TINY_BATCH_ROWS, params["batches"])
+        result["e2e_tiny"] = e2e.run_tiny(spark, work, params["sizes"][0], TINY_BATCH_ROWS, params["tiny_batches"])
         print("== global scope (365 partitions, against a MERGE on the key alone)", flush=True)
         result["global"] = global_bench.run(spark, work, params["global_sizes"], params["batches"],
                                             params["batch_rows"])
