@@ -1,4 +1,4 @@
-"""Delta tables kept open in this process between batches, lent to one user at a time.
+"""Delta tables kept open in this process between batches.
 
 Opening a table reads its log from the last checkpoint: 5-10 ms per table on the bench's
 tables, paid by every batch that loads a partition, and more as commits pile up between
@@ -16,56 +16,90 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from deltalake import DeltaTable
 
-# Idle tables kept per process (least recently returned dropped first): a sink keeps its
-# table and its tombstone table, a Python worker may serve a few sinks.
+# Tables kept per process (the least recently returned idle one dropped first): a sink keeps
+# its table and its tombstone table, a Python worker may serve a few sinks.
 KEPT = 8
 
+
+@dataclass
+class _Kept:
+    table: DeltaTable
+    version: int
+    users: int = 0
+
+
 _lock = threading.Lock()
-_idle: OrderedDict[tuple[str, str], DeltaTable] = OrderedDict()
+_kept: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
 
 
 @contextmanager
 def lend(uri: str, owner: str, version: int | None = None) -> Iterator[DeltaTable]:
-    """The table at `uri` at `version` (None: its latest), for the caller alone until the
-    block ends. `owner` names the sink instance; "" keeps nothing open (a fresh open)."""
+    """The table at `uri` at `version` (None: its latest) until the block ends. `owner` names
+    the sink instance; "" keeps nothing open (a fresh open). Borrowers of one version share
+    the table (delta-rs guards it for use across threads); it moves to another version only
+    when nobody holds it, and a borrower that cannot have it opens its own."""
     key = (uri, owner)
-    with _lock:
-        table = _idle.pop(key, None) if owner else None
-    table = _brought_to(table, version) if table is not None else None
-    if table is None:
-        table = DeltaTable(uri, version=version)
+    kept = _borrow(key, version) if owner else None
+    table = kept.table if kept is not None else DeltaTable(uri, version=version)
     try:
         yield table
     finally:
         if owner:
-            with _lock:
-                _idle[key] = table  # a concurrent borrower's table, returned earlier, is dropped
-                _idle.move_to_end(key)
-                while len(_idle) > KEPT:
-                    _idle.popitem(last=False)
+            _give_back(key, kept if kept is not None else _Kept(table, table.version()))
 
 
-def _brought_to(table: DeltaTable, version: int | None) -> DeltaTable | None:
-    """`table` at `version` (None: the latest), or None when it cannot get there (a version
-    older than the one it holds, or a log it cannot read forward): the caller opens afresh."""
+def _borrow(key: tuple[str, str], version: int | None) -> _Kept | None:
+    with _lock:  # bringing a table forward reads a commit or two: the next borrower waits, then shares
+        kept = _kept.get(key)
+        if kept is None:
+            return None
+        if kept.users:
+            if version is None or kept.version != version:  # held at another version (or "latest" asked)
+                return None
+        elif not _bring(kept, version):
+            del _kept[key]
+            return None
+        kept.users += 1
+        return kept
+
+
+def _bring(kept: _Kept, version: int | None) -> bool:
+    """Bring an idle table to `version` (None: the latest); False when it cannot get there (a
+    version older than the one it holds, or a log it cannot read forward): the borrower then
+    opens afresh."""
     try:
         if version is None:
-            table.update_incremental()
-        elif table.version() < version:
-            table.load_as_version(version)
-        elif table.version() > version:
-            return None
+            kept.table.update_incremental()
+        elif kept.version < version:
+            kept.table.load_as_version(version)
+        elif kept.version > version:
+            return False
     except Exception:  # e.g. log files cleaned up: a fresh open reports what is wrong
-        return None
-    return table
+        return False
+    kept.version = kept.table.version()
+    return True
+
+
+def _give_back(key: tuple[str, str], kept: _Kept) -> None:
+    with _lock:
+        if kept.users:  # borrowed from the kept ones
+            kept.users -= 1
+        elif key not in _kept:  # opened afresh: kept unless another one is
+            _kept[key] = kept
+        if not kept.users and _kept.get(key) is kept:
+            _kept.move_to_end(key)
+        idle = [k for k, held in _kept.items() if not held.users]
+        for k in idle[:max(0, len(_kept) - KEPT)]:
+            del _kept[k]
 
 
 def forget(owner: str) -> None:
     """Drop the tables kept for `owner` and for its uses kept apart as "<owner>/<use>" (its
     sink closed)."""
     with _lock:
-        for key in [k for k in _idle if k[1] == owner or k[1].startswith(owner + "/")]:
-            del _idle[key]
+        for key in [k for k in _kept if k[1] == owner or k[1].startswith(owner + "/")]:
+            del _kept[key]

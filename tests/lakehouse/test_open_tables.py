@@ -38,12 +38,13 @@ def test_a_version_older_than_the_kept_one_is_opened_afresh(tmp_path):
     open_tables.forget("sink-1")
 
 
-def test_a_table_is_lent_to_one_borrower_at_a_time(tmp_path):
+def test_a_table_in_use_is_not_lent_at_another_version(tmp_path):
     uri = str(tmp_path / "t")
     write_deltalake(uri, pa.table({"a": [1]}))
-    with open_tables.lend(uri, "sink-1", 0) as first, open_tables.lend(uri, "sink-1", 0) as second:
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    with open_tables.lend(uri, "sink-1", 0) as first, open_tables.lend(uri, "sink-1", 1) as second:
         assert first is not second
-        assert rows(first) == rows(second) == [1]
+        assert rows(first) == [1] and rows(second) == [1, 2]
     open_tables.forget("sink-1")
 
 
@@ -103,3 +104,20 @@ def test_at_most_kept_tables_stay_open(tmp_path, monkeypatch):
             assert (table is kept[owner]) is same
     for owner in ("a", "b", "c"):
         open_tables.forget(owner)
+
+
+def test_borrowers_of_one_version_share_the_table_and_it_moves_on_only_once_free(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    with open_tables.lend(uri, "sink-1", 0) as kept:
+        pass
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    with open_tables.lend(uri, "sink-1", 1) as first:
+        with open_tables.lend(uri, "sink-1", 1) as second:
+            assert first is second is kept
+        with open_tables.lend(uri, "sink-1", 0) as older:  # held at 1: not moved back under the first borrower
+            assert older is not kept and rows(older) == [1]
+        with open_tables.lend(uri, "sink-1") as latest:  # "latest" never shares a held table
+            assert latest is not kept
+        assert first.version() == 1 and rows(first) == [1, 2]
+    open_tables.forget("sink-1")
