@@ -141,7 +141,7 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
     try:
-        e2e.warm_up(spark, work, num_shards=2)
+        e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
         result["e2e"] = e2e.run(spark, work, params["sizes"], params["workloads"], params["batches"],
                                 params["batch_rows"], num_shards=2)
         print("== tiny batches (events mix)", flush=True)

@@ -40,7 +40,8 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="sink-two-executors-"))
     try:
-        e2e.warm_up(spark, work, args.shards, ("sink-executors", "baseline"), executor_index_dirs=True)
+        e2e.warm_up(spark, work, args.shards, ("sink-executors", "baseline"), executor_index_dirs=True,
+                   batch_rows=args.batch_rows)
         cases = e2e.run(spark, work, args.sizes, ["events"], args.batches, args.batch_rows, args.shards,
                         contenders=("sink-executors", "baseline"), executor_index_dirs=True)
     finally:
