@@ -252,10 +252,10 @@ def tag_locally(ctx: TaskContext, records: pa.Table, threads: int) -> pa.Table:
 def catch_up_kept_open(ctx: TaskContext) -> dict:
     """Tagging in this process: bring the shard replicas it keeps open to the batch's table
     version, as each shard's tagging would do first (promote the last batch's staged entries,
-    apply other writers' commits), and the Delta tables kept open to it. The sink runs it
-    while it collects the batch's records, which leaves the tagging only the lookups. A
-    replica that fails here is left to its shard's tagging, which repairs it or reports the
-    error. Returns what it did, as a tagging task's stats (no shard tagged)."""
+    apply other writers' commits). The sink runs it while it collects the batch's records,
+    which leaves the tagging only the lookups. A replica that fails here is left to its
+    shard's tagging, which repairs it or reports the error. Returns what it did, as a
+    tagging task's stats (no shard tagged)."""
     stats = new_stats()
     for shard in range(ctx.num_shards):
         path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
@@ -269,10 +269,6 @@ def catch_up_kept_open(ctx: TaskContext) -> dict:
         except Exception as e:
             log.info("replica %s not caught up ahead of tagging (%s); its tagging catches it up",
                      path, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    # Partition loads read the tables at the batch's version: bring the kept ones there now.
-    # Any version of the tombstone table from now on holds every delete the table's version does.
-    open_tables.bring(ctx.table_uri, ctx.sink_instance, ctx.table_version)
-    open_tables.bring(ctx.tombstone_uri, ctx.sink_instance)
     return stats
 
 

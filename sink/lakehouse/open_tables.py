@@ -52,17 +52,6 @@ def lend(uri: str, owner: str, version: int | None = None) -> Iterator[DeltaTabl
             _give_back(key, kept if kept is not None else _Kept(table, table.version()))
 
 
-def bring(uri: str, owner: str, version: int | None = None) -> None:
-    """Bring the table kept idle for `owner`, if there is one, to `version` (None: its latest)
-    now, so a borrower asking for it later finds it there (the sink does this while Spark
-    collects the batch). Opens nothing."""
-    key = (uri, owner)
-    with _lock:
-        kept = _kept.get(key)
-        if kept is not None and not kept.users and not _bring(kept, version):
-            del _kept[key]
-
-
 def _borrow(key: tuple[str, str], version: int | None) -> _Kept | None:
     with _lock:  # bringing a table forward reads a commit or two: the next borrower waits, then shares
         kept = _kept.get(key)

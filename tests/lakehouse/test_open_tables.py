@@ -121,19 +121,3 @@ def test_borrowers_of_one_version_share_the_table_and_it_moves_on_only_once_free
             assert latest is not kept
         assert first.version() == 1 and rows(first) == [1, 2]
     open_tables.forget("sink-1")
-
-
-def test_bring_moves_an_idle_kept_table_ahead_and_opens_nothing(tmp_path):
-    uri = str(tmp_path / "t")
-    write_deltalake(uri, pa.table({"a": [1]}))
-    open_tables.bring(uri, "sink-1", 0)  # nothing kept: nothing opened
-    assert (uri, "sink-1") not in open_tables._kept
-    with open_tables.lend(uri, "sink-1", 0) as kept:
-        write_deltalake(uri, pa.table({"a": [2]}), mode="append")
-        open_tables.bring(uri, "sink-1", 1)  # in use: left where it is
-        assert kept.version() == 0
-    open_tables.bring(uri, "sink-1", 1)
-    assert kept.version() == 1 and rows(kept) == [1, 2]
-    with open_tables.lend(uri, "sink-1", 1) as again:
-        assert again is kept
-    open_tables.forget("sink-1")
