@@ -1,4 +1,6 @@
+import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -8,7 +10,7 @@ import sink.executor as executor
 import sink.foreach_batch as foreach_batch
 from sink import SinkConfig, UpsertSink
 from sink.index.replica import ShardReplica
-from tests.oracle import SCHEMA, expected_rows, random_batches, verify_replicas
+from tests.oracle import SCHEMA, expected_rows, random_batches, random_events, verify_replicas
 
 pytestmark = pytest.mark.spark
 
@@ -113,3 +115,39 @@ def test_replicas_kept_open_are_flushed_when_due_and_when_closed(spark, tmp_path
     assert (reader_versions(cfg) == [tagged_at] * SHARDS) == (flush_every_s == 0.0)
     sink.close()
     assert reader_versions(cfg) == [tagged_at] * SHARDS
+
+
+def alternating_batches(seed: int, batches: int) -> list:
+    """Even batches write two partitions, odd ones two others: with a 1-hour partition TTL and
+    2 hours between batches, each batch evicts the pair the last one wrote and loads its own
+    again from the table."""
+    return [random_events(seed + b, 1, 120, 40, lambda k, b=b: f"2025-01-0{1 + b % 2 * 2 + k % 2}",
+                          lambda rng, _: rng.randrange(0, 60), delete_share=0.15)[0] for b in range(batches)]
+
+
+def test_a_sink_on_a_table_recreated_under_an_unclosed_one_reads_the_new_table(spark, tmp_path):
+    clock = [1_738_368_000.0]  # 2025-02-01: every partition is older than the bootstrap window
+    first = UpsertSink(dataclasses.replace(config(tmp_path, "first"), partition_ttl_hours=1),
+                       clock=lambda: clock[0])
+    for b, batch in enumerate(alternating_batches(30, 3)):
+        first(spark.createDataFrame(batch, SCHEMA), b)
+        clock[0] += 2 * 3600
+    # Not closed: this process still keeps its tables open. The table and its tombstones are
+    # dropped and made again at the same place by a new stream, which gets past their versions.
+    dropped_at = DeltaTable(first.config.table_uri).version()
+    shutil.rmtree(first.config.table_uri)
+    shutil.rmtree(first.config.resolved_tombstone_uri)
+    cfg = dataclasses.replace(config(tmp_path, "second"), partition_ttl_hours=1, checkpoint_dir=str(tmp_path / "cp2"),
+                              index_dir=str(tmp_path / "index2"))
+    second = UpsertSink(cfg, clock=lambda: clock[0])
+    batches = alternating_batches(40, 7)
+    for b, batch in enumerate(batches):
+        second(spark.createDataFrame(batch, SCHEMA), b)
+        clock[0] += 2 * 3600
+        assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+        if b >= 2:  # the pair written two batches ago, evicted since, loaded from the new table
+            assert second.reports[-1].partition_loads["on_demand"] == 2 * SHARDS
+    assert DeltaTable(cfg.table_uri).version() > dropped_at + 2
+    second.close()
+    first.close()
+    verify_replicas(cfg)
