@@ -71,6 +71,10 @@ class SinkConfig:
     # Partitioned scope: new keys per shard and batch looked up in the replica's other held
     # partitions, to signal keys that get a second row in another partition; 0 = off.
     cross_partition_check: int = 1000
+    # Partitioned scope: a partition the replica does not hold, of which a shard's records
+    # in a batch name at most this many keys, is read for those keys alone instead of loaded
+    # (its fourth such read within partition_ttl_hours loads it); 0 = always load.
+    peek_max_keys: int = 64
     # RocksDB block cache shared by the replicas of one process.
     index_block_cache_bytes: int = 64 << 20
     # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver
@@ -189,6 +193,7 @@ class SinkConfig:
         _require_int("hot_cache_entries", self.hot_cache_entries, 0, 100_000_000)
         _require_int("resident_keys", self.resident_keys, 0, 1_000_000_000)
         _require_int("cross_partition_check", self.cross_partition_check, 0, 10_000_000)
+        _require_int("peek_max_keys", self.peek_max_keys, 0, 1_000_000)
         _require_int("index_block_cache_bytes", self.index_block_cache_bytes, 1 << 20, 1 << 40)
         if self.index_max_bytes is not None:
             _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)

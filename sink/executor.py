@@ -23,7 +23,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -39,7 +39,15 @@ from sink.arrival import arrival
 from sink.index import changelog, history_locations, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import expire_before, ordering_names
-from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions, table_partitions
+from sink.index.lifecycle import (
+    PEEKS_BEFORE_LOAD,
+    ShardSource,
+    bootstrap,
+    evict,
+    load_partitions,
+    peek_partitions,
+    table_partitions,
+)
 from sink.index.loader import read_changes
 from sink.index.replica import (
     GLOBAL,
@@ -103,6 +111,9 @@ class TaskContext:
     file_order: tuple[int, ...] = ()  # the batch's input files, oldest first (sink.arrival)
     scope: str = "partitioned"
     cross_partition_check: int = 0  # new keys per shard checked against the other held partitions
+    # A partition not held that the shard's records name at most this many keys of is read
+    # for them alone, not loaded (sink.index.lifecycle.PEEKS_BEFORE_LOAD); 0: always loaded.
+    peek_max_keys: int = 0
     ignore_null_updates: bool = False  # an update's null columns keep the stored value (sink.partial)
     tombstone_ttl_seconds: int | None = None  # stored deletes older than this count as absent
     deletes: bool = False  # the stream marks deletes (delete_when)
@@ -175,7 +186,8 @@ def new_stats() -> dict:
         "shard_ids": [], "loads": dict.fromkeys(LOAD_REASONS, 0), "load_seconds": 0.0, "loaded_keys": 0,
         "commits_read": 0, "invalidated": 0, "evicted": 0, "rebuilt": 0, "replicas_repaired": 0, "shard_moves": 0,
         "changelog_applied": 0,
-        "lookups": {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}, "partitions_held": 0, "cached_records": 0,
+        "lookups": {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0, "table": 0, "table_miss": 0}, "peeks": 0,
+        "partitions_held": 0, "cached_records": 0,
         "cached_bytes": 0, "tag_seconds": 0.0,
         "cross_partition_checked": 0, "cross_partition_keys": 0, "cross_partition_example": None,
         "without_partition": dict.fromkeys(PLACEMENTS, 0), "tag_steps": dict.fromkeys(TAG_STEPS, 0.0),
@@ -372,7 +384,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         stats["replicas_repaired"] += replica.repaired is not None
         prepare_replica(ctx, replica, source, shard, stats)
         clock.lap("catch_up")
-        needed, everywhere = _hold(ctx, replica, source, pids, unplaced.any(), stats)
+        needed, everywhere, peeked = _hold(ctx, replica, source, pids, rows.column(C.KEY), unplaced.any(), stats)
         clock.lap("load")
         if unplaced.any():
             rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
@@ -401,8 +413,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             shield = None
             if ctx.shield_pid is not None and not replica.is_empty(ctx.shield_pid):
                 shield = (ctx.shield_pid, clock.timed("lookup", lambda ks: replica.peek(ctx.shield_pid, ks)))
-            result = tag(*inputs, clock.timed("lookup", replica.lookup_packed), ctx.incoming_wins_ties, **expiry,
-                         shield=shield)
+            result = tag(*inputs, clock.timed("lookup", _with_peeked(replica.lookup_packed, peeked, stats)),
+                         ctx.incoming_wins_ties, **expiry, shield=shield)
             clock.lap("classify")
             _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
             clock.lap("cross_check")
@@ -500,16 +512,19 @@ class StepClock:
         return self.last - self.started
 
 
-def _hold(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: pa.Array, unplaced: bool,
-          stats: dict) -> tuple[list[str], list[str]]:
-    """Load what tagging records of partitions `pids` needs and the replica lacks: their
-    partitions (the keyspace in global scope), the shield, and with deletes that name no
-    partition (`unplaced`) every partition of the table. Returns (partitions the records use,
-    every partition of the table or none)."""
+def _hold(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: pa.Array, keys_: pa.Array,
+          unplaced: bool, stats: dict) -> tuple[list[str], list[str], dict[str, dict[bytes, bytes]]]:
+    """Load what tagging records of partitions `pids` (keys `keys_`) needs and the replica
+    lacks: their partitions (the keyspace in global scope), the shield, and with deletes that
+    name no partition (`unplaced`) every partition of the table; partitions it lacks that the
+    records name few keys of are read for those keys instead (`_peek`). Returns (partitions
+    the records use, every partition of the table or none, the entries read per partition)."""
     if ctx.scope == "global":
         _load_missing(ctx, replica, source, [GLOBAL], stats)
-        return [GLOBAL], []
+        return [GLOBAL], [], {}
     needed = pc.unique(pids).drop_null().to_pylist()
+    # Before the shield joins them: it is the index's own partition, never read from the table.
+    peeked = {} if unplaced or ctx.history else _peek(ctx, replica, source, needed, pids, keys_, stats)
     if ctx.shield_pid is not None:
         if not replica.has_partition(ctx.shield_pid):
             # The index's own record of key-only deletes, not a table partition: loaded with
@@ -517,8 +532,59 @@ def _hold(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: pa.
             load_partitions(replica, source.get(), [ctx.shield_pid], "shield", now=ctx.now)
         needed.append(ctx.shield_pid)
     everywhere = table_partitions(source.get()) if unplaced else []
-    _load_missing(ctx, replica, source, list(dict.fromkeys([*needed, *everywhere])), stats)
-    return needed, everywhere
+    _load_missing(ctx, replica, source, [p for p in dict.fromkeys([*needed, *everywhere]) if p not in peeked], stats)
+    return needed, everywhere, peeked
+
+
+def _peek(ctx: TaskContext, replica: ShardReplica, source: LazySource, needed: list[str], pids: pa.Array,
+          keys_: pa.Array, stats: dict) -> dict[str, dict[bytes, bytes]]:
+    """Partitions among `needed` the replica lacks (none it dropped for another writer's
+    commit: those were in use and load again), of which the records name at most
+    `peek_max_keys` keys: read for those keys alone (the entries a load would give them),
+    unless this would be the partition's PEEKS_BEFORE_LOAD-th read within
+    `partition_ttl_hours` (it loads then). Nothing of them is written to the replica: a batch
+    with a few late records for a cold partition does not pay for indexing all of it."""
+    if ctx.peek_max_keys <= 0:
+        return {}
+    # Not a partition a commit of another writer dropped: it was in use, it loads again.
+    missing = [p for p in needed if not replica.has_partition(p) and not replica.was_invalidated(p)]
+    window_s = ctx.partition_ttl_hours * 3600
+    wanted = {}
+    for pid, named in keys_per_partition(pids, keys_, missing).items():
+        if len(named) <= ctx.peek_max_keys and replica.record_peek(pid, ctx.now, window_s) < PEEKS_BEFORE_LOAD:
+            wanted[pid] = named
+    peeked = peek_partitions(source.get(), wanted) if wanted else {}
+    stats["peeks"] += len(peeked)
+    return peeked
+
+
+def keys_per_partition(pids: pa.Array, keys_: pa.Array, among: Sequence[str]) -> dict[str, pa.Array]:
+    """The distinct keys (binary) the records name in each partition of `among`."""
+    if not among:
+        return {}
+    mask = pc.fill_null(pc.is_in(pids, value_set=pa.array(among, pa.string())), False)
+    named = pa.table({"p": pc.filter(pids, mask), "k": pc.filter(keys_, mask).cast(pa.binary())})
+    grouped = named.group_by("p").aggregate([("k", "distinct")])
+    pids_named = grouped.column("p").to_pylist()
+    return {pid: distinct.values for pid, distinct in zip(pids_named, grouped.column("k_distinct"))}
+
+
+def _with_peeked(lookup, peeked: Mapping[str, Mapping[bytes, bytes]], stats: dict):
+    """`lookup`, but answered from the entries read for them in the partitions `peeked`."""
+    if not peeked:
+        return lookup
+
+    def answered(pid: str, keys_: list[bytes]) -> list[bytes | None]:
+        entries = peeked.get(pid)
+        if entries is None:
+            return lookup(pid, keys_)
+        raws = [entries.get(k) for k in keys_]
+        found = sum(r is not None for r in raws)
+        stats["lookups"]["table"] += found
+        stats["lookups"]["table_miss"] += len(raws) - found
+        return raws
+
+    return answered
 
 
 def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str], stats: dict) -> None:

@@ -370,6 +370,7 @@ class UpsertSink:
             file_order=files,
             scope=cfg.scope,
             cross_partition_check=cfg.cross_partition_check,
+            peek_max_keys=cfg.peek_max_keys,
             # A history table fills nulls in sequence order when it rebuilds (sink.history).
             ignore_null_updates=cfg.ignore_null_updates and cfg.scd_type == 1,
             tombstone_ttl_seconds=cfg.tombstone_ttl_seconds,

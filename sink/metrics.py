@@ -23,6 +23,10 @@ PARTITION_LOADS = Counter(
     "upsert_sink_index_partition_loads", "Partitions loaded into replicas, by cause: bootstrap, on_demand, invalidated",
     [*_LABEL, "reason"],
 )
+PARTITION_PEEKS = Counter(
+    "upsert_sink_index_partition_peeks",
+    "Partitions not held read for a batch's few keys of them instead of loaded (peek_max_keys)", _LABEL,
+)
 SHARD_MOVES = Counter(
     "upsert_sink_index_shard_moves",
     "Shard replicas found behind on batches of this writer tagged on another executor", _LABEL,
@@ -119,7 +123,8 @@ def _unusable(port: int, error: OSError) -> SinkError:
 
 
 # The (result, tier) pairs `publish` counts lookups under.
-LOOKUP_LABELS = (("hit", "memory"), ("hit", "rocksdb"), ("miss", "rocksdb"), ("miss", "filter"))
+LOOKUP_LABELS = (("hit", "memory"), ("hit", "rocksdb"), ("miss", "rocksdb"), ("miss", "filter"), ("hit", "table"),
+                 ("miss", "table"))
 
 
 def start(sink: str, ops: Iterable[str]) -> None:
@@ -127,7 +132,7 @@ def start(sink: str, ops: Iterable[str]) -> None:
     the record outcomes), at 0 from the start: a rate or increase() alert needs the series to
     exist before its first increment, and a process's first batch is often the one that matters."""
     for counter in (LOAD_FAILURES, BATCHES_SKIPPED, COMMIT_RETRIES, REPLICAS_REPAIRED, KEYS_IN_SEVERAL_PARTITIONS,
-                    KEYS_IN_OTHER_PARTITION, EVICTIONS, SHARD_MOVES, CHANGELOG_APPLIED):
+                    KEYS_IN_OTHER_PARTITION, EVICTIONS, SHARD_MOVES, CHANGELOG_APPLIED, PARTITION_PEEKS):
         counter.labels(sink)
     for mode in COMMIT_KINDS:
         COMMITS.labels(sink, mode)
@@ -151,12 +156,16 @@ def publish(sink: str, report) -> None:
     VERSIONS.labels(sink, "replaced").inc(report.versions_replaced)
     for change, n in report.version_changes.items():
         VERSIONS.labels(sink, change).inc(n)
-    answered = (report.memory_hits, report.hits - report.memory_hits, report.misses - report.filter_misses,
-                report.filter_misses)
+    # Hits count keys found and not expired, the tiers what they held: the difference (an
+    # expired delete) stays out of the RocksDB count rather than make it negative.
+    answered = (report.memory_hits, max(0, report.hits - report.memory_hits - report.table_hits),
+                max(0, report.misses - report.filter_misses - report.table_misses), report.filter_misses,
+                report.table_hits, report.table_misses)
     for (result, tier), n in zip(LOOKUP_LABELS, answered):
         LOOKUPS.labels(sink, result, tier).inc(n)
     for reason, n in report.partition_loads.items():
         PARTITION_LOADS.labels(sink, reason).inc(n)
+    PARTITION_PEEKS.labels(sink).inc(report.partition_peeks)
     SHARD_MOVES.labels(sink).inc(report.shard_moves)
     REPLICAS_REPAIRED.labels(sink).inc(report.replicas_repaired)
     KEYS_IN_SEVERAL_PARTITIONS.labels(sink).inc(report.keys_in_several_partitions)

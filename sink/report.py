@@ -38,6 +38,11 @@ class BatchReport:
     memory_hits: int = 0  # of the hits, answered by the in-memory tier
     filter_misses: int = 0  # of the misses, answered by the keyspaces' key filters
     partition_loads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOAD_REASONS, 0))
+    # Partitions not held read for the batch's few keys of them instead of loaded
+    # (peek_max_keys), and the lookups they answered: keys found, keys not found.
+    partition_peeks: int = 0
+    table_hits: int = 0
+    table_misses: int = 0
     load_seconds: float = 0.0
     loaded_keys: int = 0
     commits_read: int = 0
@@ -117,6 +122,9 @@ class BatchReport:
         self.tag_steps = {step: sum(s["tag_steps"][step] for s in stats_rows) for step in TAG_STEPS}
         self.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
         self.filter_misses = sum(s["lookups"]["filter"] for s in stats_rows)
+        self.partition_peeks = sum(s["peeks"] for s in stats_rows)
+        self.table_hits = sum(s["lookups"]["table"] for s in stats_rows)
+        self.table_misses = sum(s["lookups"]["table_miss"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
             setattr(self, name, sum(s[name] for s in stats_rows))
@@ -145,6 +153,7 @@ class BatchReport:
             f"stale={o['stale']} "
             f"superseded={o['superseded']} quarantined={o['quarantined']} "
             f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
+            f"peeks={self.partition_peeks} "
             f"moves={self.shard_moves} mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
             f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "

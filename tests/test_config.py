@@ -32,6 +32,8 @@ def test_defaults_follow_the_design():
         (dict(metrics_port=70000), ["metrics_port", "0 to 65535"]),
         (dict(bootstrap_days="7"), ["bootstrap_days", "integer"]),
         (dict(cross_partition_check=-1), ["cross_partition_check", "0 to 10000000"]),
+        (dict(peek_max_keys=-1), ["peek_max_keys", "0 to 1000000"]),
+        (dict(peek_max_keys=True), ["peek_max_keys", "integer"]),
         (dict(partition_by=["id"]), ["key and partition_by", "id"]),
         (dict(ordering="id"), ["ordering", "id"]),
     ],

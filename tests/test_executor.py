@@ -3,6 +3,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -22,6 +23,7 @@ def config(tmp_path, writer_id):
         table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
         checkpoint_dir=str(tmp_path / "cp"), index_dir=str(tmp_path / "index"), metrics_port=0, num_shards=SHARDS,
         tag_on="driver", writer_id=writer_id,
+        peek_max_keys=0,  # these tests drive loads and catch-ups; reads of a few keys: tests/test_peeks.py
     )
 
 
@@ -151,3 +153,11 @@ def test_a_sink_on_a_table_recreated_under_an_unclosed_one_reads_the_new_table(s
     second.close()
     first.close()
     verify_replicas(cfg)
+
+
+def test_keys_per_partition_gives_each_asked_partitions_distinct_keys():
+    pids = pa.array(["p1", "p2", "p1", None, "p3", "p1", "p2"])
+    keys = pa.array(["a", "b", "a", "c", "d", "e", "f"])
+    named = executor.keys_per_partition(pids, keys, ["p1", "p2", "p9"])
+    assert {pid: sorted(ks.to_pylist()) for pid, ks in named.items()} == {"p1": [b"a", b"e"], "p2": [b"b", b"f"]}
+    assert executor.keys_per_partition(pids, keys, []) == {}

@@ -5,6 +5,7 @@ from deltalake import DeltaTable
 from prometheus_client import REGISTRY
 
 from sink import SchemaError, SinkConfig, UpsertSink, WriterIdReusedError
+from sink.keys import shard_of
 from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -27,10 +28,14 @@ def frame(spark, events):
     return spark.createDataFrame(events, SCHEMA)
 
 
-@pytest.mark.parametrize("seed, shards, tag_on", [(1, 2, "executors"), (2, 3, "executors"), (3, 2, "driver")])
+# peek_max_keys: 0 loads every partition a batch names; 16 reads some for their few keys
+# instead (the stream names 150 keys over 4 old partitions), then loads them.
+@pytest.mark.parametrize("seed, shards, tag_on, peek_max_keys", [
+    (1, 2, "executors", 0), (2, 3, "executors", 0), (3, 2, "driver", 0), (4, 3, "executors", 16),
+    (5, 2, "driver", 16)])
 def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed, shards,
-                                                                                     tag_on):
-    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on)
+                                                                                     tag_on, peek_max_keys):
+    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, peek_max_keys=peek_max_keys)
     batches = random_batches(seed, batches=7, per_batch=300)
     sink = UpsertSink(cfg)
     for b, events in enumerate(batches):
@@ -54,6 +59,7 @@ def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_repl
             assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1])
     modes = {r.mode for r in sink.reports}
     assert "rewrite" in modes
+    assert (sum(r.partition_peeks for r in sink.reports) > 0) == (peek_max_keys > 0)
     sink.close()  # as when the job stops: replicas the driver keeps open are flushed once a minute
     assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
 
@@ -115,8 +121,9 @@ def test_a_bad_delete_expression_is_named(spark, tmp_path):
         UpsertSink(cfg).validate(frame(spark, []))
 
 
-def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
-    cfg = config(tmp_path, writer_id="metrics-test")
+@pytest.mark.parametrize("peek_max_keys", [0, 64])
+def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path, peek_max_keys):
+    cfg = config(tmp_path, writer_id=f"metrics-test-{peek_max_keys}", num_shards=2, peek_max_keys=peek_max_keys)
     events = [
         Event("a", "2025-01-01", 1, "u", "1"),
         Event("a", "2025-01-01", 2, "u", "2"),  # same key again: an update
@@ -129,7 +136,7 @@ def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
     sink(frame(spark, [Event("a", "2025-01-01", 0, "u", "old"), Event("b", "2025-01-02", 5, "u", "new")]), 1)
 
     def value(name, **labels):
-        return REGISTRY.get_sample_value(name, {"sink": "metrics-test", **labels})
+        return REGISTRY.get_sample_value(name, {"sink": f"metrics-test-{peek_max_keys}", **labels})
 
     # What reached the table: a and b inserted (a once, its first record superseded), b
     # updated in batch 1; c's delete found nothing to delete; a's batch-1 record is stale.
@@ -140,13 +147,25 @@ def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path):
     assert value("upsert_sink_records_total", op="superseded") == 1
     assert value("upsert_sink_records_total", op="stale") == 1
     assert value("upsert_sink_records_total", op="quarantined") == 1
-    # Distinct keys looked up: a, b, c miss in batch 0 (their partitions' key filters answer:
-    # the partitions are empty); a, b hit in batch 1.
-    assert value("upsert_sink_index_lookups_total", result="miss", tier="filter") == 3
+    # Distinct keys looked up: a, b, c miss in batch 0; a, b hit in batch 1. Each shard holds
+    # (or reads) the partitions its keys name.
+    named = [{(shard_of(k.encode(), 2), d) for k, d in batch}
+             for batch in ([("a", "1"), ("b", "2"), ("c", "2")], [("a", "1"), ("b", "2")])]
     assert value("upsert_sink_index_lookups_total", result="miss", tier="rocksdb") == 0
-    # Batch 1's keys were promoted into the memory tier by the catch-up of batch 0's commit.
-    assert value("upsert_sink_index_lookups_total", result="hit", tier="memory") == 2
     assert value("upsert_sink_index_lookups_total", result="hit", tier="rocksdb") == 0
+    if peek_max_keys == 0:
+        # Loaded, the partitions (empty) answer batch 0 from their key filters, and batch 1 from
+        # the memory tier, into which the catch-up of batch 0's commit promoted its keys.
+        expected = {("miss", "filter"): 3, ("hit", "memory"): 2, ("miss", "table"): 0, ("hit", "table"): 0}
+        peeks, loads = 0, len(named[0] | named[1])
+    else:
+        # A few keys each, the partitions are read for them in both batches, never loaded.
+        expected = {("miss", "filter"): 0, ("hit", "memory"): 0, ("miss", "table"): 3, ("hit", "table"): 2}
+        peeks, loads = len(named[0]) + len(named[1]), 0
+    for (result, tier), n in expected.items():
+        assert value("upsert_sink_index_lookups_total", result=result, tier=tier) == n, (result, tier)
+    assert value("upsert_sink_index_partition_peeks_total") == peeks
+    assert value("upsert_sink_index_partition_loads_total", reason="on_demand") == loads
     assert value("upsert_sink_commits_total", mode="append") == 1
     assert value("upsert_sink_commits_total", mode="rewrite") == 1
     assert value("upsert_sink_table_version") == DeltaTable(cfg.table_uri).version()

@@ -32,7 +32,8 @@ def test_every_shard_moving_every_batch_catches_up_from_the_changelog(spark, tmp
     """Two index dirs used in turn, as by two executors each running every shard every other batch."""
     cfg = SinkConfig(table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id="moving", num_shards=SHARDS, metrics_port=0,
-                     tag_on="executors")  # the path that writes the changelog
+                     tag_on="executors",  # the path that writes the changelog
+                     peek_max_keys=0)  # every partition held, none only read for its few keys
     keys = 3000
     seed = seed_events(keys)
     seed_table(cfg.table_uri, seed, cdf)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -23,8 +24,15 @@ log = logging.getLogger("sink.index")
 
 LOAD_THREADS = 4
 LOAD_ATTEMPTS = 3
+# A partition the replica lacks and a batch names few keys of (`peek_max_keys`) is read for
+# those keys alone, without loading it, until this read would be its PEEKS_BEFORE_LOAD-th
+# within `partition_ttl_hours`: then it loads. A load cost about four such reads (100-record
+# events batches at 1M rows: ~20 ms a partition against ~5 ms), so a partition that keeps
+# taking late records costs at most twice what loading it at once would have.
+PEEKS_BEFORE_LOAD = 4
 
 Progress = Callable[[int, int, int], None]  # partitions done, partitions total, keys done
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,13 @@ class ShardSource:
         """From tables already open (`table` at the version the replica reflects)."""
         return cls(table, tombstones, tuple(key_cols), tuple(columns_of(ordering)), shard, num_shards,
                    tuple(partition_cols), history)
+
+    def peek(self, pid: str, wanted: pa.Array) -> dict[bytes, bytes]:
+        """Packed entries of the `wanted` keys (encoded) in partition `pid`, as a load of it
+        would hold them, read without loading it."""
+        found, raws = read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
+                                     self.num_shards, wanted)
+        return dict(zip(found, raws))
 
     def read(self, pid: str) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """Keys and packed entries of one partition (one chunk), or of the whole shard for
@@ -93,16 +108,8 @@ def load_partitions(
     started = time.perf_counter()
 
     def load(pid: str) -> int:
-        error: Exception | None = None
-        for _ in range(LOAD_ATTEMPTS):
-            try:
-                return replica.load_chunks(pid, source.read(pid), reason=reason_of(pid), now=now)
-            except Exception as e:  # retried, then reported with the partition's name
-                error = e
-        raise PartitionLoadError(
-            f"loading partition {pid} of {source.table.table_uri} at version {source.table.version()} "
-            f"into shard {source.shard} failed {LOAD_ATTEMPTS} times: {error}"
-        ) from error
+        return _attempts(source, pid, "loading", lambda: replica.load_chunks(pid, source.read(pid),
+                                                                              reason=reason_of(pid), now=now))
 
     with ThreadPoolExecutor(max_workers=min(LOAD_THREADS, len(pids))) as pool:
         for pid, n in zip(pids, pool.map(load, pids)):
@@ -113,6 +120,34 @@ def load_partitions(
                 progress(report.partitions, len(pids), report.keys)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def peek_partitions(source: ShardSource, wanted: Mapping[str, pa.Array]) -> dict[str, dict[bytes, bytes]]:
+    """Per partition of `wanted`, the packed entries of its wanted keys (`ShardSource.peek`),
+    read concurrently on the loads' pool; a partition failing LOAD_ATTEMPTS times fails the
+    call, naming it, as a load does."""
+    if not wanted:
+        return {}
+
+    def peek(pid: str) -> dict[bytes, bytes]:
+        return _attempts(source, pid, "reading keys of", lambda: source.peek(pid, wanted[pid]))
+
+    with ThreadPoolExecutor(max_workers=min(LOAD_THREADS, len(wanted))) as pool:
+        return dict(zip(wanted, pool.map(peek, wanted)))
+
+
+def _attempts(source: ShardSource, pid: str, doing: str, work: Callable[[], T]) -> T:
+    """`work` on partition `pid`, tried LOAD_ATTEMPTS times, then reported with its name."""
+    error: Exception | None = None
+    for _ in range(LOAD_ATTEMPTS):
+        try:
+            return work()
+        except Exception as e:  # retried, then reported with the partition's name
+            error = e
+    raise PartitionLoadError(
+        f"{doing} partition {pid} of {source.table.table_uri} at version {source.table.version()} "
+        f"for shard {source.shard} failed {LOAD_ATTEMPTS} times: {error}"
+    ) from error
 
 
 def bootstrap(

@@ -40,19 +40,21 @@ def read_partition(
     ordering: str | Sequence[str],
     shard: int,
     num_shards: int,
+    wanted: pa.Array | None = None,
 ) -> tuple[list[bytes], list[bytes]]:
     """Keys and packed entries of partition `pid` for `shard`: live rows of `table` at its
     loaded version, overlaid with tombstones newer than the row (or of keys the table
-    lacks). One entry per key; array operations throughout."""
+    lacks). One entry per key; array operations throughout. `wanted` (encoded keys): only
+    those keys' entries."""
     ordering = columns_of(ordering)
     types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
     predicate = partition_predicate(keys.partition_values(pid), types)
     columns = [*key_cols, *ordering]
     live = _key_orderings(pa.table(table.scan(columns=columns, predicate=predicate)), key_cols, ordering,
-                          shard, num_shards)
+                          shard, num_shards, wanted=wanted)
     if tombstones is not None:
         tomb = _key_orderings(committed_tombstones(table, tombstones, predicate, columns), key_cols, ordering,
-                              shard, num_shards, stamped=True)
+                              shard, num_shards, stamped=True, wanted=wanted)
         live = _overlay(live, tomb, len(ordering))
     return live.column("k").to_pylist(), _pack(live, len(ordering))
 
@@ -230,10 +232,10 @@ def committed(table: DeltaTable, rows: pa.Table) -> pa.Array:
 
 
 def _key_orderings(data: pa.Table, key_cols, ordering: list[str], shard, num_shards,
-                   stamped: bool = False) -> pa.Table:
-    """(k: encoded key bytes, values[, at: deleted-at seconds]) of this shard's rows, one row
-    per key (the highest ordering)."""
-    rows = _shard_rows(data, key_cols, shard, num_shards)
+                   stamped: bool = False, wanted: pa.Array | None = None) -> pa.Table:
+    """(k: encoded key bytes, values[, at: deleted-at seconds]) of this shard's rows (of the
+    `wanted` keys only, when given), one row per key (the highest ordering)."""
+    rows = _shard_rows(data, key_cols, shard, num_shards, wanted=wanted)
     if rows is None:
         return _empty(len(ordering), stamped=stamped)
     out = pa.table({"k": rows.column(_KEY).cast(pa.binary()), **_values(rows, ordering),
@@ -279,14 +281,18 @@ def read_changes(
     return out
 
 
-def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=()) -> pa.Table | None:
-    """This shard's rows with their encoded key in column KEY (None when there are none)."""
+def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=(), wanted: pa.Array | None = None
+                ) -> pa.Table | None:
+    """This shard's rows (of the `wanted` encoded keys only, when given) with their encoded
+    key in column KEY (None when there are none)."""
     if data.num_rows == 0:
         return None
     names = list(dict.fromkeys([*key_cols, *extra, *[c for c in data.column_names if c not in key_cols]]))
     data = pa.table({c: _plain(data.column(c)) for c in names})
     encoded = keys.encode_keys(data, key_cols)
     in_shard = pc.equal(keys.shards_of(encoded, num_shards), shard)
+    if wanted is not None:
+        in_shard = pc.and_(in_shard, pc.is_in(encoded.cast(pa.binary()), value_set=wanted.cast(pa.binary())))
     return data.filter(in_shard).append_column(_KEY, encoded.filter(in_shard))
 
 

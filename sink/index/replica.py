@@ -80,6 +80,7 @@ _META_DIRTY = b"dirty"
 _META_TOKEN = b"token"  # new at every clean close: tells a process its memory tier is current
 _META_PART = b"part:"
 _META_INVALIDATED = b"invalidated:"  # dropped by catch-up; its next load counts as caused by that
+_META_PEEKED = b"peeked:"  # a partition not held, read for a batch's keys: how often since when
 # The keyspaces' key filters, saved at a clean close (each valid under the token it names).
 KEY_FILTER_FILE = "keys.filter"
 # Written by an open that waits for the replica's lock: the worker keeping it open lets go.
@@ -461,6 +462,19 @@ class ShardReplica:
         """Dropped by catch-up (a commit changed it) and not loaded since."""
         return self._db.get(_META_INVALIDATED + pid.encode()) is not None
 
+    def record_peek(self, pid: str, now: float, window_s: float) -> int:
+        """Note that partition `pid`, not held, is read for a batch's keys at `now`; returns how
+        many such reads (this one included) it had within `window_s` of the first. Its load
+        forgets them."""
+        meta_key = _META_PEEKED + pid.encode()
+        raw = self._db.get(meta_key)
+        rec = json.loads(raw) if raw is not None else None
+        if rec is None or now - rec["since"] > window_s:
+            rec = {"since": now, "count": 0}
+        rec["count"] += 1
+        self._db[meta_key] = json.dumps(rec).encode()
+        return rec["count"]
+
     def load_partition(
         self, pid: str, keys: list[bytes], entries: list[Entry], reason: str, now: float | None = None
     ) -> None:
@@ -503,6 +517,7 @@ class ShardReplica:
             info = PartitionInfo(loaded_entries=loaded, loaded_at=now, last_access=now, reason=reason)
             self._db[_META_PART + pid.encode()] = json.dumps(info.__dict__).encode()
             self._delete_meta(_META_INVALIDATED + pid.encode())
+            self._delete_meta(_META_PEEKED + pid.encode())
         return loaded
 
     def _ingest_sorted(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
@@ -539,7 +554,7 @@ class ShardReplica:
             if name.startswith(PARTITION_CF_PREFIX):
                 self._cfs.pop(name, None)
                 self._db.drop_column_family(name)
-        for prefix in (_META_PART, _META_INVALIDATED):
+        for prefix in (_META_PART, _META_INVALIDATED, _META_PEEKED):
             for key in [k for k, _ in self._db.items(from_key=prefix) if k.startswith(prefix)]:
                 del self._db[key]
         self.discard_staged()

@@ -1,12 +1,13 @@
-"""Reading a shard's global keyspace: batch by batch from the table, handed on in chunks."""
+"""Reading a shard's entries from the tables: a global keyspace batch by batch, handed on in
+chunks; a partition whole, or for some keys."""
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sink import keys
-from sink.index.entry import unpack_located_many
-from sink.index.loader import read_global
+from sink.index.entry import Entry, unpack_located_many
+from sink.index.loader import read_global, read_partition
 
 SHARDS = 2
 
@@ -38,3 +39,30 @@ def test_a_global_keyspace_comes_in_bounded_ascending_chunks_with_each_keys_newe
     assert dict(zip(got_keys, zip(orderings[:, 0].tolist(), locations))) == expected
     assert read.keys_in_several_partitions == several
     assert (several > 0) == overlapping
+
+
+def test_a_partition_read_for_some_keys_gives_exactly_their_entries_of_the_whole_read(tmp_path):
+    """What a peek reads (sink.executor._peek) is what a load would hold for those keys:
+    live rows, rows a newer tombstone deletes, keys with a tombstone only, in either shard."""
+    uri, tomb_uri = str(tmp_path / "t"), str(tmp_path / "tomb")
+    live = [{"id": f"k{i}", "dt": "2025-01-01", "ts": i} for i in range(40)]
+    write_deltalake(uri, pa.Table.from_pylist(live), partition_by=["dt"])
+    write_deltalake(uri, pa.Table.from_pylist([{"id": "k3", "dt": "2025-01-01", "ts": 50}]), partition_by=["dt"],
+                    mode="append")  # a second row of k3, newer: one entry per key
+    tombs = [{"id": "k5", "dt": "2025-01-01", "ts": 99}, {"id": "k6", "dt": "2025-01-01", "ts": 1},
+             {"id": "gone", "dt": "2025-01-01", "ts": 7}]  # newer than the row, older, no row at all
+    write_deltalake(tomb_uri, pa.Table.from_pylist(tombs), partition_by=["dt"])
+    table, tombstones = DeltaTable(uri), DeltaTable(tomb_uri)
+    wanted = [b"k3", b"k5", b"k6", b"gone", b"absent", b"k17", b"k22"]
+    entries: dict[bytes, Entry] = {}
+    for shard in range(SHARDS):
+        whole = dict(zip(*read_partition(table, tombstones, "dt=2025-01-01", ["id"], "ts", shard, SHARDS)))
+        some = dict(zip(*read_partition(table, tombstones, "dt=2025-01-01", ["id"], "ts", shard, SHARDS,
+                                        pa.array(wanted, pa.binary()))))
+        assert some == {k: raw for k, raw in whole.items() if k in wanted}
+        assert set(some) == {k for k in wanted if k != b"absent" and keys.shard_of(k, SHARDS) == shard}
+        entries.update({k: Entry.unpack(raw) for k, raw in some.items()})
+    assert (entries[b"k3"].values(), entries[b"k3"].deleted) == ((50,), False)
+    assert (entries[b"k5"].values(), entries[b"k5"].deleted) == ((99,), True)
+    assert (entries[b"k6"].values(), entries[b"k6"].deleted) == ((6,), False)
+    assert (entries[b"gone"].values(), entries[b"gone"].deleted) == ((7,), True)

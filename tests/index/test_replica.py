@@ -32,6 +32,19 @@ def test_a_loaded_partition_answers_lookups_and_survives_reopen(path):
         assert r.lookup("dt=1", [b"a"]) == [Entry(1)]
 
 
+def test_reads_of_a_partition_not_held_count_within_their_window_survive_reopen_and_end_at_its_load(path):
+    with ShardReplica.open(path, SPEC) as r:
+        assert [r.record_peek("dt=1", now, window_s=100) for now in (1000, 1050, 1100)] == [1, 2, 3]
+        assert r.record_peek("dt=2", 1100, window_s=100) == 1  # counted per partition
+    with ShardReplica.open(path, SPEC) as r:
+        assert r.record_peek("dt=1", 1100, window_s=100) == 4
+        assert r.record_peek("dt=1", 1101, window_s=100) == 1  # past the window of the first: counted anew
+        r.load_partition("dt=2", [b"a"], [Entry(1)], reason="on_demand")
+        r.drop_partition("dt=2")
+        assert r.record_peek("dt=2", 1102, window_s=100) == 1  # its load forgot the reads before it
+        assert not r.has_partition("dt=1")
+
+
 def test_live_elsewhere_finds_live_rows_of_other_held_partitions_only(path):
     with ShardReplica.open(path, SPEC) as r:
         r.load_partition("dt=1", [b"a", b"b", b"c"], [Entry(1), Entry(1, True), Entry(1)], reason="on_demand")
