@@ -75,6 +75,7 @@ def report_figures(reports) -> dict:
                       for step in reports[0].tag_steps},
         "merge_partitions": [r.merge_partitions for r in reports],
         "partition_loads": [r.partition_loads for r in reports],
+        "partition_peeks": [r.partition_peeks for r in reports],
     }
 
 
