@@ -73,7 +73,7 @@ class SinkConfig:
     cross_partition_check: int = 1000
     # Partitioned scope: a partition the replica does not hold, of which a shard's records
     # in a batch name at most this many keys, is read for those keys alone instead of loaded
-    # (its fourth such read within partition_ttl_hours loads it); 0 = always load.
+    # (named again within partition_ttl_hours, it loads); 0 = always load.
     peek_max_keys: int = 64
     # RocksDB block cache shared by the replicas of one process.
     index_block_cache_bytes: int = 64 << 20

@@ -48,7 +48,7 @@ def test_a_table_without_a_contract_gets_one_and_recording_it_costs_no_reload(sp
     uri = str(tmp_path / "orders")
     write_deltalake(uri, pa.table({"tenant_id": ["t1"], "order_id": ["o1"], "region": ["eu"],
                                    "updated_at": pa.array([1], pa.int64()), "op": ["u"]}), partition_by=["region"])
-    cfg = orders_config(tmp_path)
+    cfg = orders_config(tmp_path, peek_max_keys=0)  # the partition is held from the first batch on
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([("t1", "o1", "eu", 2, "u")], SCHEMA), 0)
     assert DeltaTable(uri).metadata().configuration["upsert_sink.key"] == '["tenant_id", "order_id"]'

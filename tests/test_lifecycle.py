@@ -76,25 +76,26 @@ def test_fresh_start_bootstraps_the_hot_window_and_loads_an_old_partition_on_dem
     verify_replicas(cfg)
 
 
-def test_late_records_for_an_old_partition_read_their_keys_until_its_fourth_read_within_the_ttl_loads_it(spark,
-                                                                                                          cfg):
+def test_a_late_record_for_an_old_partition_reads_its_key_and_the_partition_named_again_loads(spark, cfg):
     seed_table(cfg.table_uri)
+    cfg.partition_ttl_hours = 1
     clock = [NOW.timestamp()]
     sink = UpsertSink(cfg, clock=lambda: clock[0])
-    batches = [
-        [("k40-1", day(40), at(40, 5), "u", "late"), ("new", day(40), at(40), "u", "n")],  # an update, an insert
-        [("k40-1", day(40), at(40, 2), "u", "older")],  # stale against batch 0's commit
-        [("new", day(40), at(40, 9), "d", None)],  # deletes batch 0's insert
-        [("new", day(40), at(40, 8), "u", "too late"), ("k40-2", day(40), at(40, 1), "u", "x")],  # 4th: loads
-        [("k40-3", day(40), at(40, 1), "u", "y")],  # held now
+    batches = [  # (seconds since the batch before, records)
+        (0, [("k40-1", day(40), at(40, 5), "u", "late"), ("new", day(40), at(40), "u", "n")]),  # update, insert
+        (7200, [("k40-1", day(40), at(40, 2), "u", "older")]),  # past the TTL: read again; stale against batch 0
+        (7200, [("new", day(40), at(40, 9), "d", None)]),  # read again: deletes batch 0's insert
+        (61, [("new", day(40), at(40, 8), "u", "too late"), ("k40-2", day(40), at(40, 1), "u", "x")]),  # loads
+        (61, [("k40-3", day(40), at(40, 1), "u", "y")]),  # held
     ]
-    for b, rows in enumerate(batches):
-        clock[0] += 61  # past SIZES_EVERY_S: partitions_held is fresh
+    for b, (seconds, rows) in enumerate(batches):
+        clock[0] += seconds  # at least SIZES_EVERY_S: partitions_held is fresh
         sink(batch(spark, *rows), b)
     reports = sink.reports
     assert [r.partition_peeks for r in reports] == [1, 1, 1, 0, 0]
     assert [r.partition_loads["on_demand"] for r in reports] == [0, 0, 0, 1, 0]
-    assert [r.partitions_held for r in reports] == [7, 7, 7, 8, 8]  # the hot window, then day 40
+    # The hot window, evicted an hour after its last use; then day 40.
+    assert [r.partitions_held for r in reports] == [7, 0, 0, 1, 1]
     assert [(r.table_hits, r.table_misses) for r in reports] == [(1, 1), (1, 0), (1, 0), (0, 0), (0, 0)]
     assert [(r.hits, r.misses) for r in reports] == [(1, 1), (1, 0), (1, 0), (2, 0), (1, 0)]
     assert [{o: n for o, n in r.ops.items() if n} for r in reports] == [
@@ -108,26 +109,18 @@ def test_late_records_for_an_old_partition_read_their_keys_until_its_fourth_read
     verify_replicas(cfg)
 
 
-def test_a_partition_read_again_past_the_ttl_counts_its_reads_anew_and_many_keys_load_it(spark, cfg):
+def test_a_partition_named_many_keys_of_loads_and_few_keys_of_reads_them(spark, cfg):
     seed_table(cfg.table_uri)
-    cfg.partition_ttl_hours = 1
     cfg.peek_max_keys = 2
-    clock = [NOW.timestamp()]
-    sink = UpsertSink(cfg, clock=lambda: clock[0])
-    for b in range(5):
-        clock[0] += 1800 if b != 3 else 3 * 3600  # the fourth read comes past the window of the first
-        sink(batch(spark, (f"k40-{b}", day(40), at(40, 5), "u", "late")), b)
-    assert [r.partition_peeks for r in sink.reports] == [1, 1, 1, 1, 1]
-    assert sum(r.partition_loads["on_demand"] for r in sink.reports) == 0
-    # Three keys of one partition (more than peek_max_keys) load it; two of another are read.
+    sink = sink_for(cfg)
+    # Three keys of day 41 (more than peek_max_keys) load it; two of day 42 are read.
     sink(batch(spark, *[(f"k41-{k}", day(41), at(41, 5), "u", "late") for k in range(3)],
-               *[(f"k42-{k}", day(42), at(42, 5), "u", "late") for k in range(2)]), 5)
+               *[(f"k42-{k}", day(42), at(42, 5), "u", "late") for k in range(2)]), 0)
     report = sink.reports[-1]
     assert (report.partition_loads["on_demand"], report.partition_peeks) == (1, 1)
     assert report.ops["update"] == 5
     table = rows_of(cfg.table_uri)
-    assert all(table[(day(d), f"k{d}-{k}")] == (at(d, 5), "late") for d, n in ((40, 5), (41, 3), (42, 2))
-               for k in range(n))
+    assert all(table[(day(d), f"k{d}-{k}")] == (at(d, 5), "late") for d, n in ((41, 3), (42, 2)) for k in range(n))
     sink.close()
     verify_replicas(cfg)
 

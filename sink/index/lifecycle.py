@@ -25,11 +25,13 @@ log = logging.getLogger("sink.index")
 LOAD_THREADS = 4
 LOAD_ATTEMPTS = 3
 # A partition the replica lacks and a batch names few keys of (`peek_max_keys`) is read for
-# those keys alone, without loading it, until this read would be its PEEKS_BEFORE_LOAD-th
-# within `partition_ttl_hours`: then it loads. A load cost about four such reads (100-record
-# events batches at 1M rows: ~20 ms a partition against ~5 ms), so a partition that keeps
-# taking late records costs at most twice what loading it at once would have.
-PEEKS_BEFORE_LOAD = 4
+# those keys alone, without loading it, unless this read would be its PEEKS_BEFORE_LOAD-th
+# within `partition_ttl_hours`: then it loads. A partition named once (a stray late record)
+# costs one read instead of a load, one named again is being written to and is held from
+# then on. A load costs about three to four such reads (a scan of the partition's key and
+# ordering columns either way; 100-record events batches at 1M rows: ~10 ms against
+# ~3-5 ms), so a partition that keeps taking records costs at most ~1.3 loads.
+PEEKS_BEFORE_LOAD = 2
 
 Progress = Callable[[int, int, int], None]  # partitions done, partitions total, keys done
 T = TypeVar("T")
