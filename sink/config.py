@@ -73,8 +73,9 @@ class SinkConfig:
     cross_partition_check: int = 1000
     # Partitioned scope: a partition the replica does not hold, of which a shard's records
     # in a batch name at most this many keys, is read for those keys alone instead of loaded
-    # (named again within partition_ttl_hours, it loads); 0 = always load.
-    peek_max_keys: int = 64
+    # (named again within partition_ttl_hours, it loads); 0 = always load. More keys than a
+    # handful in one batch: the partition is being written to, and loads at once.
+    peek_max_keys: int = 4
     # RocksDB block cache shared by the replicas of one process.
     index_block_cache_bytes: int = 64 << 20
     # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver

@@ -121,7 +121,7 @@ def test_a_bad_delete_expression_is_named(spark, tmp_path):
         UpsertSink(cfg).validate(frame(spark, []))
 
 
-@pytest.mark.parametrize("peek_max_keys", [0, 64])
+@pytest.mark.parametrize("peek_max_keys", [0, 4])
 def test_metrics_count_exactly_what_the_batch_did(spark, tmp_path, peek_max_keys):
     cfg = config(tmp_path, writer_id=f"metrics-test-{peek_max_keys}", num_shards=2, peek_max_keys=peek_max_keys)
     events = [
