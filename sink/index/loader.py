@@ -290,9 +290,10 @@ def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=(), wanted: p
     names = list(dict.fromkeys([*key_cols, *extra, *[c for c in data.column_names if c not in key_cols]]))
     data = pa.table({c: _plain(data.column(c)) for c in names})
     encoded = keys.encode_keys(data, key_cols)
+    if wanted is not None:  # before the shards: hashing costs a Python call per key
+        named = pc.is_in(encoded.cast(pa.binary()), value_set=wanted.cast(pa.binary()))
+        data, encoded = data.filter(named), encoded.filter(named)
     in_shard = pc.equal(keys.shards_of(encoded, num_shards), shard)
-    if wanted is not None:
-        in_shard = pc.and_(in_shard, pc.is_in(encoded.cast(pa.binary()), value_set=wanted.cast(pa.binary())))
     return data.filter(in_shard).append_column(_KEY, encoded.filter(in_shard))
 
 
