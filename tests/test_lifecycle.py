@@ -133,6 +133,30 @@ def foreign_update(uri, keys_by_day, minutes, value):
      .when_matched_update_all().execute())
 
 
+def test_another_writers_commit_to_a_partition_only_read_is_seen_by_the_next_read(spark, cfg):
+    """The replica holds nothing of a partition it only read a few keys of, so no catch-up
+    covers it: the next read must find the other writer's rows in the table itself."""
+    seed_table(cfg.table_uri)
+    cfg.partition_ttl_hours = 1
+    clock = [NOW.timestamp()]
+    sink = UpsertSink(cfg, clock=lambda: clock[0])
+    sink(batch(spark, ("k40-1", day(40), at(40, 5), "u", "ours")), 0)
+    foreign_update(cfg.table_uri, [(40, "k40-1"), (40, "k40-2")], 30, "foreign")
+    clock[0] += 7200  # past the TTL: read again, not loaded
+    sink(batch(spark, ("k40-1", day(40), at(40, 20), "u", "older than foreign"),
+               ("k40-2", day(40), at(40, 40), "u", "newer than foreign")), 1)
+    report = sink.reports[-1]
+    assert [r.partition_peeks for r in sink.reports] == [1, 1]
+    assert sum(r.partition_loads["on_demand"] for r in sink.reports) == 0
+    assert report.ops["stale"] == 1 and report.ops["update"] == 1
+    table = rows_of(cfg.table_uri)
+    assert table[(day(40), "k40-1")] == (at(40, 30), "foreign")
+    assert table[(day(40), "k40-2")] == (at(40, 40), "newer than foreign")
+    assert len(table) == 60 * 20
+    sink.close()
+    verify_replicas(cfg)
+
+
 @pytest.mark.parametrize("cdf", [False, True])
 def test_a_foreign_commit_is_caught_up_exactly(spark, cfg, cdf):
     seed_table(cfg.table_uri, days=10, cdf=cdf)
