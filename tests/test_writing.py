@@ -55,7 +55,7 @@ def test_files_written_by_tasks_give_the_table_the_drivers_rewrite_gives(tmp_pat
     seeded(by_driver, seed=seed)
     stored = seeded(by_tasks, seed=seed)
     for batch in range(1, 4):
-        records = random_batch(rng, len(stored))
+        records = random_batch(rng, len(stored), by_driver)
         done = rewrite.commit(DeltaTable(by_driver), by_driver, writes_of(records, partial=True, batch=batch))
         # As Spark routes them: each partition's writes in one task, two partitions in the first.
         tasks = [[r for r in records if r["day"] in days] for days in (DAYS[:2], DAYS[2:])]

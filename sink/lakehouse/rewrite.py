@@ -3,7 +3,8 @@ for new keys, and commit the removes and adds with the app transaction in one De
 
 What delta-rs' MERGE does for the sink, without its join: the batch's rows are grouped by
 partition (the index put them there), each touched partition's files are probed on their key
-columns alone, and only files with a row that changes are read whole and rewritten. A stored
+columns alone for the updated and deleted keys (the index found no row of an insert's key),
+and only files with a row that changes are read whole and rewritten. A stored
 row changes exactly when the MERGE's clauses would change it (`merge.py`): the incoming row is
 newer by ordering (or equal, when incoming wins ties); a delete removes it, an update replaces
 it (partial updates keep stored values where theirs are null). Rows of keys no file holds are
@@ -156,19 +157,26 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
                       ) -> tuple[list[pa.Table], list[StoredFile], int]:
     """One partition: the tables to write (rewritten files, then new keys), the files they
     replace, and the no-op updates."""
+    # Files are probed for the updated and deleted keys only: the index found no stored row
+    # for an insert (as the append path trusts it), and most of a partition's writes are
+    # inserts (today's partition: ~10x its updates), each of which would be hashed again per
+    # file probed.
+    probed = np.flatnonzero(changing(rows).to_numpy(zero_copy_only=False))
+    changes = rows.take(pa.array(probed))
     key_schema = pa.schema([writes.schema.field(c) for c in writes.key_cols])
-    incoming_keys = row_keys(conform(rows, key_schema), writes.key_cols)
+    incoming_keys = row_keys(conform(changes, key_schema), writes.key_cols)
     matched = np.zeros(rows.num_rows, bool)
     outputs: list[pa.Table] = []
     removed: list[StoredFile] = []
     unchanged = 0
     for f, stored, at in matching_files(fs, root, files, incoming_keys, writes.key_cols, values, writes.schema):
-        matched[at.drop_null().to_numpy()] = True
-        result, no_ops = apply_writes(stored, rows, at, writes)
+        matched[probed[at.drop_null().to_numpy()]] = True
+        result, no_ops = apply_writes(stored, changes, at, writes)
         unchanged += no_ops
         if result is not None:
             outputs.append(result)
             removed.append(f)
+    # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
     if pc.any(new_keys).as_py():
         outputs = with_inserts(outputs, conform(rows.filter(new_keys), writes.schema))
