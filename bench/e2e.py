@@ -14,6 +14,7 @@ from bench.baseline import HandWrittenMerge
 from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
 from sink import SinkConfig, UpsertSink
 from sink.index.replica import ShardReplica
+from sink.lakehouse import file_cache
 
 # The sink on its default config (tag_on = "auto": the driver, under the bench's local master;
 # commit_mode = "auto": updates rewrite files), the sink forced onto executor tagging, the sink
@@ -76,6 +77,8 @@ def report_figures(reports) -> dict:
         "merge_partitions": [r.merge_partitions for r in reports],
         "partition_loads": [r.partition_loads for r in reports],
         "partition_peeks": [r.partition_peeks for r in reports],
+        # Rows of the files the driver wrote, held for the next rewrite (at most file_cache_bytes).
+        "file_cache_bytes": file_cache.WRITTEN.nbytes,
     }
 
 
@@ -100,6 +103,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                              index_dir=None if executor_index_dirs else str(case / name / "index"),
                              num_shards=num_shards, metrics_port=0,
                              tag_on=TAG_ON[name], commit_mode=COMMIT_MODE[name])
+            file_cache.WRITTEN.clear()  # the previous case's files
             sink = UpsertSink(cfg)
             seconds = stream(spark, landing, case / name / "cp", sink)
             sink.close()  # saves the key filters

@@ -153,6 +153,7 @@ class GlobalHandWrittenMerge:
 def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, spread: bool,
              shards: int = 2) -> dict:
     from sink import SinkConfig, UpsertSink
+    from sink.lakehouse import file_cache
 
     case = work / f"global-{table_rows}-{'spread' if spread else 'recent'}"
     template, landing = case / "start", case / "landing"
@@ -169,6 +170,7 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
     cfg = SinkConfig(table_uri=str(uri), key=["id"], partition_by=["dt"], ordering="event_time",
                      delete_when="op = 'd'", scope="global", ties="existing", checkpoint_dir=str(case / "sink" / "cp"),
                      index_dir=str(case / "sink" / "index"), num_shards=shards, metrics_port=0)
+    file_cache.WRITTEN.clear()  # the previous case's files
     sink = UpsertSink(cfg)
     seconds = stream(spark, landing, case / "sink" / "cp", sink)
     reports = sink.reports

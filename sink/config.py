@@ -78,6 +78,10 @@ class SinkConfig:
     peek_max_keys: int = 4
     # RocksDB block cache shared by the replicas of one process.
     index_block_cache_bytes: int = 64 << 20
+    # Data files a process wrote, held in memory so the next batch's rewrite of them (updates
+    # of recent keys reach every file of the newest partitions) skips reading them back; per
+    # process (the driver, or each Python worker of Spark's writing tasks); 0 = off.
+    file_cache_bytes: int = 256 << 20
     # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver
     # process (replicas on the driver's disk; saves the shuffle on a single machine); auto:
     # the driver under a local master (one process runs everything), else the executors.
@@ -196,6 +200,7 @@ class SinkConfig:
         _require_int("cross_partition_check", self.cross_partition_check, 0, 10_000_000)
         _require_int("peek_max_keys", self.peek_max_keys, 0, 1_000_000)
         _require_int("index_block_cache_bytes", self.index_block_cache_bytes, 1 << 20, 1 << 40)
+        _require_int("file_cache_bytes", self.file_cache_bytes, 0, 1 << 40)
         if self.index_max_bytes is not None:
             _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)
             if self.scope == "global":

@@ -44,7 +44,7 @@ from sink.history_writes import HistoryBatch, history_writes
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
 from sink.index.replica import close_kept_open
-from sink.lakehouse import open_tables
+from sink.lakehouse import file_cache, open_tables
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import (
     COMMIT_KINDS,
@@ -112,6 +112,7 @@ class UpsertSink:
         self._changelog_uri: str | None = None
         self._changelog_swept: int | None = None  # version at the last retention sweep
         self._instance = uuid.uuid4().hex  # tables kept open for this object (sink.lakehouse.open_tables)
+        file_cache.WRITTEN.resize(config.file_cache_bytes)
         metrics.serve(config.metrics_port)
         metrics.start(self.writer_id, OUTCOMES)
 
@@ -463,6 +464,7 @@ class UpsertSink:
             incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
             output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version,
             history=self._history_batch(schema, ctx) if cfg.scd_type == 2 else None,
+            file_cache_bytes=cfg.file_cache_bytes,
         )
         route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
                                             INSERT_SPLIT)

@@ -34,6 +34,7 @@ def test_defaults_follow_the_design():
         (dict(cross_partition_check=-1), ["cross_partition_check", "0 to 10000000"]),
         (dict(peek_max_keys=-1), ["peek_max_keys", "0 to 1000000"]),
         (dict(peek_max_keys=True), ["peek_max_keys", "integer"]),
+        (dict(file_cache_bytes=-1), ["file_cache_bytes", "0 to 1099511627776"]),
         (dict(partition_by=["id"]), ["key and partition_by", "id"]),
         (dict(ordering="id"), ["ordering", "id"]),
     ],

@@ -4,7 +4,8 @@ for new keys, and commit the removes and adds with the app transaction in one De
 What delta-rs' MERGE does for the sink, without its join: the batch's rows are grouped by
 partition (the index put them there), each touched partition's files are probed on their key
 columns alone for the updated and deleted keys (the index found no row of an insert's key),
-and only files with a row that changes are read whole and rewritten. A stored
+and only files with a row that changes are read whole and rewritten. Files this process wrote
+lately are read from memory instead (`file_cache`). A stored
 row changes exactly when the MERGE's clauses would change it (`merge.py`): the incoming row is
 newer by ordering (or equal, when incoming wins ties); a delete removes it, an update replaces
 it (partial updates keep stored values where theirs are null). Rows of keys no file holds are
@@ -21,8 +22,9 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -36,6 +38,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from sink import keys
 from sink.errors import CommitCheckError
+from sink.lakehouse import file_cache
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.stats import stats_json
 from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
@@ -176,6 +179,7 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
         if result is not None:
             outputs.append(result)
             removed.append(f)
+            file_cache.WRITTEN.discard(f"{root}/{unquote(f.path)}")  # its rows live on in `result`
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
     if pc.any(new_keys).as_py():
@@ -192,18 +196,31 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
     probed on its key columns first and read whole only when it matches."""
     key_schema = pa.schema([schema.field(c) for c in key_cols])
     for f in files:
-        with fs.open_input_file(f"{root}/{unquote(f.path)}") as source:
-            parquet = pq.ParquetFile(source)
-            # One thread per file: the caller already reads a file per core (its thread pool,
-            # or one Spark task per core); Arrow's reader threads on top of it cost the rewrite
-            # of an events batch at 5M rows a tenth of its wall time (measured).
-            probe = parquet.read(columns=list(key_cols), use_threads=False)
+        with _stored_columns(fs, f"{root}/{unquote(f.path)}", key_cols) as (probe, read_rest):
             at = pc.index_in(row_keys(conform(probe, key_schema), key_cols), value_set=incoming_keys)
             if at.null_count == len(at):
                 continue
-            rest = parquet.read(columns=[c for c in parquet.schema_arrow.names if c not in key_cols],
-                                use_threads=False)
+            rest = read_rest()
         yield f, conform(_with_partition_values(_joined(probe, rest), values, schema), schema), at
+
+
+@contextmanager
+def _stored_columns(fs: pafs.FileSystem, location: str, key_cols: Sequence[str]
+                    ) -> Iterator[tuple[pa.Table, Callable[[], pa.Table]]]:
+    """One data file's key columns, and how to read its other columns: from memory when this
+    process wrote the file lately (`file_cache`), else from Parquet (keys first: most files
+    probed hold no key of the batch)."""
+    held = file_cache.WRITTEN.get(location)
+    if held is not None:
+        yield held.select(list(key_cols)), lambda: held.drop_columns(list(key_cols))
+        return
+    with fs.open_input_file(location) as source:
+        parquet = pq.ParquetFile(source)
+        # One thread per file: the caller already reads a file per core (its thread pool, or
+        # one Spark task per core); Arrow's reader threads on top of it cost the rewrite of
+        # an events batch at 5M rows a tenth of its wall time (measured).
+        yield parquet.read(columns=list(key_cols), use_threads=False), lambda: parquet.read(
+            columns=[c for c in parquet.schema_arrow.names if c not in key_cols], use_threads=False)
 
 
 def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]:
@@ -317,6 +334,7 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
     pq.write_table(data, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us",
                    use_dictionary=list(dictionary), metadata_collector=metadata)
     size = fs.get_file_info(f"{root}/{path}").size
+    file_cache.WRITTEN.put(f"{root}/{path}", data)
     stats = stats_json(metadata[0], data.schema)
     action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
     return WrittenFile(action, metadata[0].schema.to_arrow_schema())

@@ -11,7 +11,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from sink.errors import CommitCheckError
-from sink.lakehouse import merge, rewrite
+from sink.lakehouse import file_cache, merge, rewrite
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 
 SCHEMA = pa.schema([("k1", pa.int64()), ("k2", pa.string()), ("day", pa.string()), ("o1", pa.int64()),
@@ -63,8 +63,19 @@ def contents(path):
     return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda r: (r["day"], r["k1"], r["k2"]))
 
 
+@pytest.fixture(params=[0, 1 << 30], ids=["files read", "files held"])
+def written_files(request):
+    """This process's file cache, off or on (files the rewrite wrote are then read from it)."""
+    before = file_cache.WRITTEN.max_bytes
+    file_cache.WRITTEN.clear()
+    file_cache.WRITTEN.resize(request.param)
+    yield file_cache.WRITTEN
+    file_cache.WRITTEN.clear()
+    file_cache.WRITTEN.resize(before)
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_rewrite_gives_the_table_merge_gives(tmp_path, seed):
+def test_rewrite_gives_the_table_merge_gives(tmp_path, seed, written_files):
     """Random updates, deletes, inserts, stale records, partial updates, both tie rules."""
     a, b = str(tmp_path / "merge"), str(tmp_path / "rewrite")
     seeded(a), seeded(b)
@@ -77,6 +88,33 @@ def test_rewrite_gives_the_table_merge_gives(tmp_path, seed):
         rewrite.commit(DeltaTable(b), b, w)
         assert contents(b) == contents(a)
     assert DeltaTable(b).transaction_version("w") in (None, 4)
+
+
+def test_files_this_process_wrote_are_read_back_from_memory(tmp_path, written_files):
+    """Batch 1 rewrites a file of each partition; batch 2 updates the same keys: with the
+    cache on it reads no Parquet, and both end in the table MERGE gives."""
+    path, by_merge = str(tmp_path / "t"), str(tmp_path / "merge")
+    rows, _ = seeded(path), seeded(by_merge)
+    opened = []
+    parquet_file = pq.ParquetFile
+
+    def counting(source, *args, **kwargs):
+        opened.append(source)
+        return parquet_file(source, *args, **kwargs)
+
+    for batch in (1, 2):
+        updates = [{**rows[i], "o1": 10 + batch, "v": f"b{batch}", "w": "update"} for i in (0, 1, 2)]
+        opened.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(rewrite.pq, "ParquetFile", counting)
+            done = rewrite.commit(DeltaTable(path), path, writes_of(updates, batch=batch))
+        merge.commit(DeltaTable(by_merge), writes_of(updates, batch=batch), [{"day": d} for d in DAYS])
+        assert len(done.removes) == 3
+        # Each partition has two files; batch 1 reads both (delta-rs wrote them), batch 2 only the
+        # one it did not write, unless the cache is off.
+        assert len(opened) == (6 if batch == 1 or not written_files.max_bytes else 3)
+    assert contents(path) == contents(by_merge)
+    assert len(written_files) == (3 if written_files.max_bytes else 0)  # the files replaced went
 
 
 def test_only_files_with_a_changed_row_are_replaced(tmp_path):
