@@ -23,7 +23,7 @@ def config(tmp_path, writer_id):
         table_uri=str(tmp_path / "table"), key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
         checkpoint_dir=str(tmp_path / "cp"), index_dir=str(tmp_path / "index"), metrics_port=0, num_shards=SHARDS,
         tag_on="driver", writer_id=writer_id,
-        peek_max_keys=0,  # these tests drive loads and catch-ups; reads of a few keys: tests/test_peeks.py
+        peek_max_keys=0,  # these tests drive loads and catch-ups; reads of a few keys: tests/test_lifecycle.py
     )
 
 
