@@ -78,9 +78,10 @@ class SinkConfig:
     peek_max_keys: int = 4
     # RocksDB block cache shared by the replicas of one process.
     index_block_cache_bytes: int = 64 << 20
-    # Data files a process wrote, held in memory so the next batch's rewrite of them (updates
-    # of recent keys reach every file of the newest partitions) skips reading them back; per
-    # process (the driver, or each Python worker of Spark's writing tasks); 0 = off.
+    # Data files the driver wrote (driver tagging), held in memory so the next batch's rewrite
+    # of them (updates of recent keys reach every file of the newest partitions) skips reading
+    # them back; 0 = off. Spark's writing tasks hold none: which Python worker gets a
+    # partition's writes changes from batch to batch, and executors' memory is tighter.
     file_cache_bytes: int = 256 << 20
     # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver
     # process (replicas on the driver's disk; saves the shuffle on a single machine); auto:

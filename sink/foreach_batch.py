@@ -464,7 +464,6 @@ class UpsertSink:
             incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
             output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version,
             history=self._history_batch(schema, ctx) if cfg.scd_type == 2 else None,
-            file_cache_bytes=cfg.file_cache_bytes,
         )
         route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
                                             INSERT_SPLIT)

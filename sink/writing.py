@@ -25,7 +25,7 @@ from deltalake.transaction import AddAction
 
 from sink import columns as C
 from sink.history_writes import HistoryBatch, history_writes
-from sink.lakehouse import file_cache, versions
+from sink.lakehouse import versions
 from sink.lakehouse.rewrite import Rewrite, StoredFile, WrittenFile, rewrite_files
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging import TOMBSTONE
@@ -57,7 +57,6 @@ class WriteContext:
     table_version: int = 0  # the version the batch was tagged against
     # A history table's batch (scd_type 2): the writes are its events (HISTORY_EVENT).
     history: HistoryBatch | None = None
-    file_cache_bytes: int = 0  # this worker's files written, held for the next batch's rewrite
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -66,7 +65,6 @@ class WriteContext:
 def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: write this task's partitions' files, pass the other rows through."""
     started = time.perf_counter()
-    file_cache.WRITTEN.resize(ctx.file_cache_bytes)
     batches = list(batches)
     if not batches:
         return

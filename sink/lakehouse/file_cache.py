@@ -74,5 +74,5 @@ class FileCache:
             self.nbytes -= size
 
 
-# This process's: the driver's (its commits) or a Python worker's (Spark's writing tasks).
+# This process's; sized by the sink on the driver, off (0 bytes) in Spark's Python workers.
 WRITTEN = FileCache()
