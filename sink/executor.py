@@ -22,11 +22,13 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -264,8 +266,9 @@ def tag_locally(ctx: TaskContext, records: pa.Table, threads: int) -> pa.Table:
 def catch_up_kept_open(ctx: TaskContext) -> dict:
     """Tagging in this process: bring the shard replicas it keeps open to the batch's table
     version, as each shard's tagging would do first (promote the last batch's staged entries,
-    apply other writers' commits). The sink runs it while it collects the batch's records,
-    which leaves the tagging only the lookups. A replica that fails here is left to its
+    apply other writers' commits). The sink runs it after each commit (`catch_up_after_commit`),
+    and for what is left while it collects the next batch's records, which leaves the tagging
+    only the lookups. A replica that fails here is left to its
     shard's tagging, which repairs it or reports the error. Returns what it did, as a
     tagging task's stats (no shard tagged)."""
     stats = new_stats()
@@ -282,6 +285,42 @@ def catch_up_kept_open(ctx: TaskContext) -> dict:
             log.info("replica %s not caught up ahead of tagging (%s); its tagging catches it up",
                      path, str(e).splitlines()[0] if str(e) else type(e).__name__)
     return stats
+
+
+# Driver tagging: catch-ups of the kept-open replicas to a batch's commit, started once it
+# committed and run while Spark records the batch and plans the next, so that the next batch's
+# collect runs without one beside it. Per table's replicas, in the order started; one thread
+# for the process, so two never run on one replica (a sink restarted in the process finds
+# the last one's pending and waits for it).
+_BETWEEN = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-catch-up")
+_PENDING: dict[Path, list[Future]] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def catch_up_after_commit(ctx: TaskContext) -> None:
+    """Start bringing the replicas this process keeps open for `ctx`'s table to
+    `ctx.table_version` (the batch's commit) in the background."""
+    with _PENDING_LOCK:
+        _PENDING.setdefault(kept_open_dir(ctx), []).append(_BETWEEN.submit(catch_up_kept_open, ctx))
+
+
+def caught_up_kept_open(ctx: TaskContext) -> list[dict]:
+    """The kept-open replicas of `ctx`'s table brought to its version: the catch-ups started
+    after earlier commits finish first (their work counts in this batch), then the rest
+    (other writers' commits since). The stats of each, as tagging tasks' stats."""
+    return [*wait_caught_up(kept_open_dir(ctx)), catch_up_kept_open(ctx)]
+
+
+def wait_caught_up(under: Path) -> list[dict]:
+    """Wait for the catch-ups started for the replicas under `under` (`kept_open_dir`); their stats."""
+    with _PENDING_LOCK:
+        pending = _PENDING.pop(under, [])
+    return [f.result() for f in pending]
+
+
+def kept_open_dir(ctx: TaskContext) -> Path:
+    """Where the replicas of `ctx`'s table are (kept open by driver tagging)."""
+    return Path(ctx.index_root()) / ctx.table_id
 
 
 def stats_table(ctx: TaskContext, stats: dict) -> pa.Table:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,10 +35,13 @@ from sink.errors import (
 )
 from sink.executor import (
     TaskContext,
-    catch_up_kept_open,
+    catch_up_after_commit,
+    caught_up_kept_open,
+    kept_open_dir,
     stats_table,
     tag_batches,
     tag_locally,
+    wait_caught_up,
 )
 from sink.history import HISTORY_COLUMNS, HistoryColumns, history_fields
 from sink.history_writes import HistoryBatch, history_writes
@@ -120,6 +124,7 @@ class UpsertSink:
         """Close the replicas driver tagging keeps open between batches (the next batch
         reopens them); call it once the query has ended. At exit they close anyway."""
         if self._kept_open_dir is not None:
+            wait_caught_up(self._kept_open_dir)
             close_kept_open(under=self._kept_open_dir)
         open_tables.forget(self._instance)
 
@@ -285,7 +290,7 @@ class UpsertSink:
                 with report.timed("prepare"):
                     ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files, now)
                     if self._on_driver:
-                        self._kept_open_dir = Path(ctx.index_root()) / ctx.table_id
+                        self._kept_open_dir = kept_open_dir(ctx)
                 tombstones = (batch_id, now) if attempt == 0 and cfg.delete_when else None
                 tagged, tombstoned = self._tag(prepared, ctx, out_schema, added, report, tombstones)
                 with report.timed("split"):
@@ -335,6 +340,10 @@ class UpsertSink:
                     log.info("batch %s: %s committed first, to other partitions; committing on version %s",
                              batch_id, ", ".join(c.author() for c in landed), self._target.version())
         report.records_in = sum(report.ops.values())
+        if self._on_driver and report.mode in COMMIT_KINDS:
+            # The replicas promote this batch's entries while Spark records it and plans the
+            # next: measured, the next collect took 0.025 s less without that catch-up beside it.
+            catch_up_after_commit(dataclasses.replace(ctx, table_version=report.table_version))
 
     def _task_context(self, batch_df: DataFrame, batch_id: int, num_shards: int, arrow_out: pa.Schema,
                       files: tuple[int, ...], now: float) -> TaskContext:
@@ -402,7 +411,7 @@ class UpsertSink:
             # its output); the tombstone table's write runs while this thread tags.
             with ThreadPoolExecutor(max_workers=2) as pool:
                 with report.timed("collect"), switch_interval(COLLECT_SWITCH_INTERVAL_S):
-                    ahead = pool.submit(catch_up_kept_open, ctx)
+                    ahead = pool.submit(caught_up_kept_open, ctx)
                     records = prepared.toArrow()
                     records = records.append_column(C.KEY, keys.encode_keys(records, self.config.key))
                 deletes = None if tombstones is None else deletes_before_tagging(records, self.config)
@@ -413,7 +422,7 @@ class UpsertSink:
                     tagged = tag_locally(ctx, records, os.cpu_count() or 1)
                     if written is not None:
                         written.result()
-            return pa.concat_tables([tagged, stats_table(ctx, caught_up)]), deletes is not None
+            return pa.concat_tables([tagged, *(stats_table(ctx, s) for s in caught_up)]), deletes is not None
         snapshot = None
         try:
             with report.timed("tag"):

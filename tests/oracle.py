@@ -10,6 +10,7 @@ from typing import NamedTuple
 from deltalake import DeltaTable
 
 from sink.cli import Context, verify
+from sink.executor import wait_caught_up
 from sink.index.replica import ShardReplica, kept_open
 
 
@@ -160,7 +161,9 @@ def taken_back(index_dir: str | Path) -> None:
     """Every replica a Spark Python worker keeps open (sink.index.worker_replicas) checkpointed
     and let go, as when the job stops after its last batch: a read-write open asks the worker
     for it and waits until it let go; closing it leaves it clean. Replicas this process keeps
-    open (driver tagging) stay."""
+    open (driver tagging) stay, once their catch-up to the last commit has finished."""
+    for table_dir in Path(index_dir).iterdir():
+        wait_caught_up(table_dir)
     for path in sorted(Path(index_dir).glob("*/shard-*")):
         if kept_open(path) is not None:
             continue

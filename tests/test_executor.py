@@ -31,10 +31,11 @@ def table_rows(uri):
     return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
 
 
-def test_driver_tagging_finds_its_replicas_caught_up_while_the_records_were_collected(spark, tmp_path,
-                                                                                     monkeypatch):
+def test_driver_tagging_finds_its_replicas_caught_up_with_the_last_commit(spark, tmp_path, monkeypatch):
+    """The replicas promote a batch's entries after its commit, in a thread that runs while
+    Spark records the batch and plans the next; the next tagging finds nothing to apply."""
     batches = random_batches(11, batches=3, per_batch=200)
-    events: list[tuple] = []  # what ran, in order: catch-ups (shard, entries promoted) and taggings
+    events: list[tuple] = []  # what ran, in order: catch-ups (shard, entries promoted), taggings
     catch_up = executor.catch_up
 
     def spied_catch_up(replica, target, read_commit, writer_id, shard, *args):
@@ -46,25 +47,28 @@ def test_driver_tagging_finds_its_replicas_caught_up_while_the_records_were_coll
 
     def spied_tag_locally(*args):
         events.append(("tag",))
-        return tag_locally(*args)
+        try:
+            return tag_locally(*args)
+        finally:
+            events.append(("tagged",))
 
     monkeypatch.setattr(executor, "catch_up", spied_catch_up)
     monkeypatch.setattr(foreach_batch, "tag_locally", spied_tag_locally)
     sink = UpsertSink(config(tmp_path, "ahead"))
     for b, batch in enumerate(batches):
-        events.clear()
         sink(spark.createDataFrame(batch, SCHEMA), b)
         assert table_rows(sink.config.table_uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
         if b == 0:
             continue  # nothing kept open yet: each shard's tagging opens and bootstraps its replica
-        tagging = events.index(("tag",))
-        ahead, during = events[:tagging], events[tagging + 1:]
-        # Every replica promoted the previous batch's entries before the tagging began ...
-        assert sorted(shard for _, shard, _ in ahead) == list(range(SHARDS))
-        assert all(promoted > 0 for *_, promoted in ahead)
+        tagged = [i for i, e in enumerate(events) if e == ("tagged",)]
+        tagging = max(i for i, e in enumerate(events) if e == ("tag",))
+        between, during = events[tagged[-2] + 1:tagging], events[tagging + 1:tagged[-1]]
+        # Every replica promoted the previous batch's entries before this tagging began ...
+        promoted = sorted(shard for _, shard, n in between if n > 0)
+        assert promoted == list(range(SHARDS))
         # ... so the tagging found nothing left to apply.
-        assert during and all(promoted == 0 for *_, promoted in during)
-        # Each replica read the one new log entry once: the report counts the catch-up ahead.
+        assert during and all(n == 0 for *_, n in during)
+        # Each replica read the last batch's log entry once, counted in this batch.
         assert sink.reports[-1].commits_read == SHARDS
     sink.close()
     verify_replicas(sink.config)
@@ -72,6 +76,7 @@ def test_driver_tagging_finds_its_replicas_caught_up_while_the_records_were_coll
 
 def test_a_replica_that_fails_to_catch_up_ahead_is_caught_up_by_its_tagging(spark, tmp_path, monkeypatch, caplog):
     batches = random_batches(12, batches=2, per_batch=200)
+    monkeypatch.setattr(foreach_batch, "catch_up_after_commit", lambda ctx: None)  # left to the next batch
     sink = UpsertSink(config(tmp_path, "ahead-fails"))
     sink(spark.createDataFrame(batches[0], SCHEMA), 0)
 
@@ -86,7 +91,7 @@ def test_a_replica_that_fails_to_catch_up_ahead_is_caught_up_by_its_tagging(spar
         raise OSError("disk full")
 
     catch_up_kept_open, prepare_replica = executor.catch_up_kept_open, executor.prepare_replica
-    monkeypatch.setattr(foreach_batch, "catch_up_kept_open", failing)
+    monkeypatch.setattr(executor, "catch_up_kept_open", failing)
     with caplog.at_level(logging.INFO, logger="sink"):
         sink(spark.createDataFrame(batches[1], SCHEMA), 1)
     assert caplog.text.count("not caught up ahead of tagging (disk full)") == SHARDS
@@ -115,8 +120,8 @@ def test_replicas_kept_open_are_flushed_when_due_and_when_closed(spark, tmp_path
     tagged_at = DeltaTable(cfg.table_uri).version() - 1  # the version the last batch was tagged against
     # Due at every batch: a reader sees the last tagging; not due within a test: an older state.
     assert (reader_versions(cfg) == [tagged_at] * SHARDS) == (flush_every_s == 0.0)
-    sink.close()
-    assert reader_versions(cfg) == [tagged_at] * SHARDS
+    sink.close()  # after the catch-up to the last commit, which runs once a batch has committed
+    assert reader_versions(cfg) == [tagged_at + 1] * SHARDS
 
 
 def alternating_batches(seed: int, batches: int) -> list:
