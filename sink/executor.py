@@ -268,9 +268,8 @@ def catch_up_kept_open(ctx: TaskContext) -> dict:
     version, as each shard's tagging would do first (promote the last batch's staged entries,
     apply other writers' commits). The sink runs it after each commit (`catch_up_after_commit`),
     and for what is left while it collects the next batch's records, which leaves the tagging
-    only the lookups. A replica that fails here is left to its
-    shard's tagging, which repairs it or reports the error. Returns what it did, as a
-    tagging task's stats (no shard tagged)."""
+    only the lookups. A replica that fails here is left to its shard's tagging, which repairs
+    it or reports the error. Returns what it did, as a tagging task's stats (no shard tagged)."""
     stats = new_stats()
     for shard in range(ctx.num_shards):
         path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
