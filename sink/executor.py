@@ -300,7 +300,16 @@ def catch_up_after_commit(ctx: TaskContext) -> None:
     """Start bringing the replicas this process keeps open for `ctx`'s table to
     `ctx.table_version` (the batch's commit) in the background."""
     with _PENDING_LOCK:
-        _PENDING.setdefault(kept_open_dir(ctx), []).append(_BETWEEN.submit(catch_up_kept_open, ctx))
+        _PENDING.setdefault(kept_open_dir(ctx), []).append(_BETWEEN.submit(_after_commit, ctx))
+
+
+def _after_commit(ctx: TaskContext) -> dict:
+    """`catch_up_kept_open`, then the tables kept open for the replicas' reads brought to the
+    commit too: a batch's loads and reads of few keys then skip reading the log (5-8 ms)."""
+    stats = catch_up_kept_open(ctx)
+    open_tables.bring_forward(ctx.table_uri, ctx.sink_instance, ctx.table_version)
+    open_tables.bring_forward(ctx.tombstone_uri, ctx.sink_instance)
+    return stats
 
 
 def caught_up_kept_open(ctx: TaskContext) -> list[dict]:

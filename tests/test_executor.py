@@ -74,6 +74,18 @@ def test_driver_tagging_finds_its_replicas_caught_up_with_the_last_commit(spark,
     verify_replicas(sink.config)
 
 
+def test_the_tables_kept_for_reads_are_brought_to_each_commit_between_batches(spark, tmp_path, monkeypatch):
+    brought: list[tuple] = []
+    monkeypatch.setattr(executor.open_tables, "bring_forward", lambda *args: brought.append(args))
+    sink = UpsertSink(config(tmp_path, "forward"))
+    for b, batch in enumerate(random_batches(13, batches=2, per_batch=100)):
+        sink(spark.createDataFrame(batch, SCHEMA), b)
+    sink.close()
+    cfg, owner = sink.config, sink._instance
+    assert brought == [call for r in sink.reports for call in (
+        (cfg.table_uri, owner, r.table_version), (cfg.resolved_tombstone_uri, owner))]
+
+
 def test_a_replica_that_fails_to_catch_up_ahead_is_caught_up_by_its_tagging(spark, tmp_path, monkeypatch, caplog):
     batches = random_batches(12, batches=2, per_batch=200)
     monkeypatch.setattr(foreach_batch, "catch_up_after_commit", lambda ctx: None)  # left to the next batch

@@ -52,6 +52,17 @@ def lend(uri: str, owner: str, version: int | None = None) -> Iterator[DeltaTabl
             _give_back(key, kept if kept is not None else _Kept(table, table.version()))
 
 
+def bring_forward(uri: str, owner: str, version: int | None = None) -> None:
+    """Bring the table kept open for `owner` to `version` (None: its latest) now, while it is
+    idle, so that its next borrower finds it there; a table not kept stays unopened, and one
+    in use is left to its next borrower."""
+    key = (uri, owner)
+    with _lock:
+        kept = _kept.get(key)
+        if kept is not None and not kept.users and not _bring(kept, version):
+            del _kept[key]
+
+
 def _borrow(key: tuple[str, str], version: int | None) -> _Kept | None:
     with _lock:  # bringing a table forward reads a commit or two: the next borrower waits, then shares
         kept = _kept.get(key)

@@ -26,6 +26,34 @@ def test_a_returned_table_is_brought_forward_and_reads_as_a_fresh_open(tmp_path)
     open_tables.forget("sink-1")
 
 
+def test_an_idle_table_brought_forward_is_lent_at_that_version_reading_no_log(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    with open_tables.lend(uri, "sink-1", 0) as first:
+        pass
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    loads = []
+    load_as_version = DeltaTable.load_as_version
+    monkeypatch.setattr(DeltaTable, "load_as_version", lambda t, v: loads.append(v) or load_as_version(t, v))
+    open_tables.bring_forward(uri, "sink-1", 1)
+    assert loads == [1]
+    with open_tables.lend(uri, "sink-1", 1) as second:
+        assert second is first and loads == [1]  # already there
+        assert rows(second) == [1, 2]
+    open_tables.forget("sink-1")
+
+
+def test_bring_forward_opens_no_table_and_moves_none_in_use(tmp_path):
+    open_tables.bring_forward(str(tmp_path / "never-opened"), "sink-1")  # no table there: nothing opened
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    with open_tables.lend(uri, "sink-1", 0) as held:
+        write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+        open_tables.bring_forward(uri, "sink-1", 1)
+        assert held.version() == 0 and rows(held) == [1]  # not moved under its borrower
+    open_tables.forget("sink-1")
+
+
 def test_a_version_older_than_the_kept_one_is_opened_afresh(tmp_path):
     uri = str(tmp_path / "t")
     write_deltalake(uri, pa.table({"a": [1]}))
