@@ -65,14 +65,16 @@ def markdown(result: dict) -> str:
         lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
                      + " | ".join(f"{v:.2f}" for v in shown)
                      + f" | {other:.2f} | {c['sink']['median_after_first']:.2f} |")
-    above = [c for c in result["e2e"] if "above_commit" in c["baseline"]]  # results before it lack it
+    cases = [*result["e2e"], *result.get("e2e_tiny", []), *result.get("global", [])]
+    above = [c for c in cases if "above_commit" in c["baseline"]]  # results before it lack it
     if above:
-        lines += ["", "| time above the commit, medians (s) | table rows | hand-written: batch - its MERGE "
-                  "| sink, default: batch - its commit phase | sink - hand-written |", "|---|---:|---:|---:|---:|"]
+        lines += ["", "| time above the commit, medians (s) | table rows | records per batch "
+                  "| hand-written: batch - its MERGE | sink, default: batch - its commit phase | sink - hand-written |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for c in above:
             hand, sink = c["baseline"]["above_commit"], c["sink"]["above_commit"]
-            lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {hand:.2f} | {sink:.2f} | "
-                         f"{sink - hand:+.2f} |")
+            lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {c['batch_rows']:,} | {hand:.3f} "
+                         f"| {sink:.3f} | {sink - hand:+.3f} |")
     merged = [c for c in result["e2e"] if "sink-merge" in c]
     if merged:
         lines += ["", "| sink, default: commit phase medians (s) | table rows | rewrite (default) | MERGE (fallback) "
