@@ -3,6 +3,7 @@ its counts in its stats row, so the driver needs none of the records to report t
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -59,10 +60,15 @@ def keys_in_several_partitions(records: pa.Table, pids: pa.Array) -> tuple[int, 
     """How many keys of the valid `records` name several partitions, and an example
     [key, [partitions]] (None when there is none)."""
     valid = pc.is_null(records.column(C.REASON))
-    batch_keys = records.column(C.KEY).filter(valid)
-    if pc.count_distinct(batch_keys).as_py() == len(batch_keys):  # no key twice: the common case, ~2x cheaper
+    batch_keys = records.column(C.KEY).filter(valid).combine_chunks()
+    # Only keys named twice can name two partitions: group those alone (a few hundred of a
+    # batch's 50k keys in a shard; grouping all of them took 12 ms).
+    codes = pc.dictionary_encode(batch_keys).indices.to_numpy(zero_copy_only=False)
+    repeated = np.bincount(codes, minlength=1)[codes] > 1
+    if not repeated.any():
         return 0, None
-    per_key = pa.table({"k": batch_keys, "p": pids.filter(valid)}) \
+    repeated = pa.array(repeated)
+    per_key = pa.table({"k": batch_keys.filter(repeated), "p": pids.filter(valid).filter(repeated)}) \
         .group_by("k").aggregate([("p", "count_distinct"), ("p", "distinct")])
     spread = per_key.filter(pc.greater(per_key.column("p_count_distinct"), 1))
     if not spread.num_rows:

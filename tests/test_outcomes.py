@@ -1,9 +1,11 @@
 """What a tagging task counts for the driver, which may never see the records."""
 
+import random
+
 import pyarrow as pa
 
 from sink import columns as C
-from sink.outcomes import OUTCOMES, record_partitions, summary
+from sink.outcomes import OUTCOMES, keys_in_several_partitions, record_partitions, summary
 
 
 def records(rows):
@@ -42,3 +44,20 @@ def test_global_scope_counts_no_key_in_several_partitions():
     tagged = records(ROWS[:4])
     got = summary(tagged, record_partitions(tagged, ["dt"], "global"), "global", ["dt"])
     assert got["keys_in_several_partitions"] == 0 and got["several_partitions_example"] is None
+
+
+def test_keys_in_several_partitions_counts_against_a_plain_count():
+    rng = random.Random(5)
+    rows = [(f"k{rng.randrange(300)}", f"d{rng.randrange(3)}", "update", "update", True,
+             "bad" if rng.random() < 0.05 else None) for _ in range(400)]
+    tagged = records(rows)
+    several, example = keys_in_several_partitions(tagged, record_partitions(tagged, ["dt"], "partitioned"))
+    named: dict[str, set] = {}
+    for key, dt, *_, reason in rows:
+        if reason is None:
+            named.setdefault(key, set()).add(f"dt={dt}")
+    spread = {k: sorted(p) for k, p in named.items() if len(p) > 1}
+    assert several == len(spread) > 0
+    assert example[0] in spread and example[1] == spread[example[0]]
+    assert keys_in_several_partitions(tagged.slice(0, 0), record_partitions(tagged.slice(0, 0), ["dt"],
+                                                                               "partitioned")) == (0, None)
