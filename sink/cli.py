@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from sink.config import SinkConfig
 from sink.errors import SinkError
 from sink.executor import default_index_root
-from sink.index import changelog
+from sink.index import changelog, holder
 from sink.index.catchup import catch_up
 from sink.index.entry import Entry, unpack_many
 from sink.index.entry import size as entry_size
@@ -68,14 +68,33 @@ def _iso(ts: float) -> str:
 # --- inspect ----------------------------------------------------------------------------------
 
 
-def inspect(ctx: Context) -> dict:
+# How long `inspect` and `verify` wait for a process holding a replica open to checkpoint it.
+HOLDER_WAIT_S = 10.0
+
+
+def holder_state(path: Path, wait_s: float) -> dict:
+    """Who holds the replica at `path`, after asking a live holder to checkpoint it so that a
+    read-only open sees what it holds now: `state` is "closed", "held" (`live`: whether it
+    checkpointed for this read) or "left dirty" (its holder exited without closing it)."""
+    held = holder.read(path)
+    if held is None:
+        return {"state": "closed"}
+    by = {"pid": held.pid, "host": held.host, "since": _iso(held.since)}
+    alive = held.alive()
+    if alive is False:
+        return {"state": "left dirty", "held_by": by}
+    return {"state": "held", "held_by": by, "live": holder.request_checkpoint(path, wait_s)}
+
+
+def inspect(ctx: Context, wait_s: float = HOLDER_WAIT_S) -> dict:
     shards = []
     for shard, of, path in ctx.replicas():
+        state = holder_state(path, wait_s)
         try:
             replica = ShardReplica.open_read_only(path)
         except Exception as e:  # damaged: the sink wipes and rebuilds it on its next open
-            shards.append({"shard": shard, "of": of, "path": str(path), "error": str(e).splitlines()[0],
-                           "partitions": []})
+            shards.append({"shard": shard, "of": of, "path": str(path), **state,
+                           "error": str(e).splitlines()[0], "partitions": []})
             continue
         with replica:
             sizes = replica.partition_sizes()
@@ -84,11 +103,27 @@ def inspect(ctx: Context) -> dict:
                  "loaded_at": _iso(info.loaded_at), "last_access": _iso(info.last_access)}
                 for pid, info in sorted(replica.partitions().items())
             ]
-            shards.append({"shard": shard, "of": of, "path": str(path), "version": replica.version,
+            shards.append({"shard": shard, "of": of, "path": str(path), **state, "version": replica.version,
                            "staged_batch": replica.staged_batch, "clean": replica.clean,
                            "partitions": partitions})
     return {"table_uri": ctx.cfg.table_uri, "table_id": ctx.table.metadata().id,
             "table_version": ctx.table.version(), "index_dir": str(ctx.index_root), "shards": shards}
+
+
+def describe_state(s: dict) -> str:
+    """How a shard's holder reads in a line (`holder_state`)."""
+    if s["state"] == "closed":
+        if s.get("clean", True):
+            return "closed"
+        return "left dirty (no holder recorded): the sink rebuilds it on its next open"
+    by = s["held_by"]
+    who = f"pid {by['pid']} on {by['host']} since {by['since']}"
+    if s["state"] == "left dirty":
+        return f"left dirty by {who}, which has exited: the sink rebuilds it on its next open"
+    if s["live"]:
+        return f"held open by {who}; checkpointed for this read"
+    return (f"held open by {who}, which did not checkpoint it for this read in time (busy with a batch): "
+            "shown as of its last checkpoint or flush")
 
 
 def print_inspect(report: dict) -> None:
@@ -105,7 +140,7 @@ def print_inspect(report: dict) -> None:
         print(f"\nshard {s['shard']} of {s['of']}: version {s['version']}, {len(s['partitions'])} partitions, "
               f"{entries} entries, {size / 1e6:.1f} MB"
               + (f", staged batch {s['staged_batch']}" if s["staged_batch"] is not None else "")
-              + ("" if s["clean"] else ", open or left dirty"))
+              + f"; {describe_state(s)}")
         if s["partitions"]:
             print(f"  {'partition':<32} {'entries':>10} {'bytes':>12}  {'reason':<10} last access")
             for p in s["partitions"]:
@@ -165,11 +200,16 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
 # --- verify -----------------------------------------------------------------------------------
 
 
-def verify(ctx: Context) -> list[dict]:
+def verify(ctx: Context, wait_s: float = HOLDER_WAIT_S) -> list[dict]:
     """Every replica against the table at the replica's version: one result per shard (with
-    `error` where the replica cannot be read, e.g. damaged files)."""
+    `error` where the replica cannot be read, e.g. damaged files, or its holder is busy)."""
     results = []
     for shard, of, path in ctx.replicas():
+        state = holder_state(path, wait_s)
+        if state["state"] == "held" and not state["live"]:
+            results.append({"shard": shard, "of": of, "version": None, "entries_checked": 0, "mismatches": 0,
+                            "examples": [], "error": describe_state(state) + "; run verify again"})
+            continue
         try:
             results.append(_verify_shard(ctx.cfg, shard, of, path))
         except Exception as e:  # reported per shard; the sink wipes and rebuilds such a replica
@@ -342,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", required=True, help="TOML file with a [sink] table")
         p.add_argument("--index-dir", help="replicas' root (default: the config's, else Spark's local dir)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        if name in ("inspect", "verify"):
+            p.add_argument("--wait", type=float, default=HOLDER_WAIT_S, metavar="SECONDS",
+                           help="how long a process holding a replica open may take to checkpoint it for "
+                                f"this read (default {HOLDER_WAIT_S:.0f})")
         if name == "bootstrap":
             p.add_argument("--num-shards", type=int,
                            help="default: the config's num_shards, else the count the writer's latest batch used")
@@ -355,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.command == "inspect":
-        report = inspect(ctx)
+        report = inspect(ctx, args.wait)
         if args.json:
             print(json.dumps(report, indent=2))
         else:
@@ -379,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(results, indent=2))
         return 0
-    results = verify(ctx)
+    results = verify(ctx, args.wait)
     bad = sum(r["mismatches"] for r in results)
     errors = [r for r in results if "error" in r]
     if args.json:
@@ -398,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                   "when a task next opens it; `python -m sink bootstrap` does it now)")
         if bad:
             print(f"MISMATCH: {bad} entries differ")
+        elif not results:
+            print(f"no replicas of {ctx.cfg.table_uri} under {ctx.table_dir}: nothing to verify")
         elif not errors:
-            print("OK: every replica matches the table")
+            print(f"OK: every replica matches the table ({len(results)} checked)")
     return 2 if errors else 1 if bad else 0

@@ -710,12 +710,12 @@ def _replica(ctx: TaskContext, path, flush: bool = True):
         with ShardReplica.open(path, ctx.spec, **options) as replica:
             yield replica
         return
-    replica = ShardReplica.acquire(path, ctx.spec, **options)
-    try:
-        yield replica
-    finally:
-        if flush and time.monotonic() - replica.flushed_at >= FLUSH_EVERY_S:
-            replica.flush()
+    with ShardReplica.kept(path, ctx.spec, **options) as replica:
+        try:
+            yield replica
+        finally:
+            if flush and time.monotonic() - replica.flushed_at >= FLUSH_EVERY_S:
+                replica.flush()
 
 
 _SIZES: dict[str, tuple[float, dict]] = {}

@@ -1,5 +1,8 @@
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -7,8 +10,9 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from sink import keys
 from sink.cli import main
+from sink.index import holder
 from sink.index.entry import Entry
-from sink.index.replica import ShardReplica, replica_spec
+from sink.index.replica import ShardReplica, close_kept_open, replica_spec
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, SHARDS_PROPERTY
 
 TODAY = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -150,3 +154,74 @@ def test_verify_after_the_job_stops_checks_the_replicas_at_the_tables_latest_ver
     # A commit by another writer: nothing staged belongs to it, the replicas stay where they are.
     write_deltalake(cfg.table_uri, DeltaTable(cfg.table_uri).to_pyarrow_table().slice(0, 0), mode="append")
     assert [r["version"] for r in verify_replicas(cfg)] == [latest, latest]
+
+
+def _cli(conf, *argv) -> subprocess.CompletedProcess:
+    """The CLI in a process of its own, as an operator runs it beside the job."""
+    return subprocess.run([sys.executable, "-m", "sink", *argv, "--config", str(conf)], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.spark
+def test_inspect_and_verify_from_another_process_see_the_replicas_a_running_sink_holds(spark, setup):
+    """Driver tagging keeps its replicas open, and their writes sit in memtables (the WAL is
+    off): another process's read-only open saw every shard empty, at no version. The holder
+    checkpoints a replica when a reader asks, so the live state is shown, and who holds it."""
+    from sink import SinkConfig, UpsertSink
+    from sink.executor import wait_caught_up
+
+    conf, rows = setup
+    conf.write_text(conf.read_text() + 'tag_on = "driver"\nmetrics_port = 0\npeek_max_keys = 0\n')
+    cfg = SinkConfig.from_file(conf)
+    sink = UpsertSink(cfg)
+    old_day = (TODAY - dt.timedelta(days=8)).date().isoformat()  # outside the 3-day window: loaded on use
+    batch = [("new-1", TODAY.date().isoformat(), TODAY), ("k8-0", old_day, TODAY)]
+    sink(spark.createDataFrame(batch, "id STRING, dt STRING, ts TIMESTAMP"), 0)
+    sink(spark.createDataFrame([("new-2", TODAY.date().isoformat(), TODAY)], "id STRING, dt STRING, ts TIMESTAMP"),
+         1)
+    try:
+        version = DeltaTable(cfg.table_uri).version()
+        wait_caught_up(conf.parent / "index" / DeltaTable(cfg.table_uri).metadata().id)  # the catch-up to it
+        done = _cli(conf, "inspect", "--json")
+        assert done.returncode == 0, done.stderr
+        shards = json.loads(done.stdout)["shards"]
+        # Each shard was brought to batch 1's commit after it, and holds its own keys of the 3
+        # hot days, plus the old day where the batch named one of its keys.
+        assert [(s["state"], s["live"], s["held_by"]["pid"]) for s in shards] == [("held", True, os.getpid())] * 2
+        assert [s["version"] for s in shards] == [version] * 2
+        held = {s["shard"]: {p["partition"] for p in s["partitions"]} for s in shards}
+        hot = {f"dt={(TODAY - dt.timedelta(days=d)).date().isoformat()}" for d in range(3)}
+        old_shard = keys.shard_of(b"k8-0", 2)
+        assert held == {s: hot | ({f"dt={old_day}"} if s == old_shard else set()) for s in (0, 1)}
+
+        done = _cli(conf, "verify")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "OK: every replica matches the table (2 checked)" in done.stdout
+
+        done = _cli(conf, "inspect")
+        assert f"held open by pid {os.getpid()}" in done.stdout and "checkpointed for this read" in done.stdout
+    finally:
+        close_kept_open(under=conf.parent / "index")
+    done = _cli(conf, "inspect", "--json")
+    assert [s["state"] for s in json.loads(done.stdout)["shards"]] == ["closed", "closed"]
+
+
+def test_inspect_names_a_replica_whose_holder_exited_without_closing_it(setup, capsys):
+    conf, _ = setup
+    run(capsys, "bootstrap", "--config", str(conf))
+    path = next((conf.parent / "index").glob("*/shard-0-of-2"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    ShardReplica.open(path, replica_spec(["id"], ["dt"], "ts"))._close_db()  # as a killed process leaves it
+    held = json.loads((path / holder.HOLDER_FILE).read_text())
+    (path / holder.HOLDER_FILE).write_text(json.dumps({**held, "pid": int(gone.stdout)}))
+    code, out = run(capsys, "inspect", "--config", str(conf))
+    assert code == 0
+    assert f"left dirty by pid {int(gone.stdout)} on {held['host']}" in out.out
+    assert "which has exited: the sink rebuilds it on its next open" in out.out
+
+
+def test_verify_without_replicas_says_it_checked_nothing(setup, capsys):
+    conf, _ = setup
+    code, out = run(capsys, "verify", "--config", str(conf))
+    assert code == 0
+    assert "nothing to verify" in out.out and "OK" not in out.out

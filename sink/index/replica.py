@@ -31,7 +31,8 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from rocksdict import (
 )
 
 from sink.errors import ReplicaLockedError
+from sink.index import holder
 from sink.index.entry import (
     Entry,
     change_orderings,
@@ -202,6 +204,9 @@ class ShardReplica:
         self._block_cache_bytes = block_cache_bytes
         self._db = db
         self._lock = threading.Lock()
+        # Held by each use of a replica kept open, so that a checkpoint another thread makes
+        # for a reader (sink.index.holder) never sees half a batch's writes.
+        self.in_use = threading.Lock()
         self.read_only = read_only
         self.tier = tier or HotTier(0)
         self.repaired: str | None = None  # why the replica was found damaged and wiped on open
@@ -289,6 +294,7 @@ class ShardReplica:
             replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes)
         replica.tier = tier_for(str(path), hot_cache_entries, resident_keys, replica._db.get(_META_TOKEN))
         replica.mark_dirty()
+        holder.record(path, time.time())
         replica.repaired = repaired
         return replica
 
@@ -343,6 +349,8 @@ class ShardReplica:
         its last write did)."""
         if not self.read_only and not self.clean:
             self.checkpoint()
+        if not self.read_only and not self.replaced():
+            holder.forget(self.path)
         self._close_db()
 
     def checkpoint(self) -> None:
@@ -367,7 +375,7 @@ class ShardReplica:
     def acquire(cls, path: str | os.PathLike[str], spec: str, **options) -> ShardReplica:
         """The replica at `path`, kept open for this process across calls (tagging on the
         driver, or in a reused worker: sink.index.worker_replicas). Reopened when its
-        directory was removed."""
+        directory was removed. A use holds `in_use`: `kept` does both."""
         key = str(path)
         replica = _KEPT_OPEN.get(key)
         if replica is not None and replica.replaced():
@@ -376,16 +384,26 @@ class ShardReplica:
         if replica is None:
             if not _KEPT_OPEN:
                 atexit.register(close_kept_open)
+                holder.answer_requests(lambda: list(_KEPT_OPEN.values()))
             replica = _KEPT_OPEN[key] = cls.open(path, spec, **options)
         elif replica.spec != spec:
-            replica.close()
+            with replica.in_use:
+                replica.close()
             replica = _KEPT_OPEN[key] = cls.open(path, spec, **options)
         else:
             replica.repaired = None  # a repair at its open was reported by the use that opened it
-            if replica.clean:  # checkpointed since its last use
-                replica.mark_dirty()
         replica.lookups = dict.fromkeys(replica.lookups, 0)
         return replica
+
+    @classmethod
+    @contextmanager
+    def kept(cls, path: str | os.PathLike[str], spec: str, **options) -> Iterator[ShardReplica]:
+        """One use of the replica `acquire` keeps open, holding its `in_use` lock."""
+        replica = cls.acquire(path, spec, **options)
+        with replica.in_use:
+            if replica.clean:  # checkpointed since its last use: in use again
+                replica.mark_dirty()
+            yield replica
 
     def replaced(self) -> bool:
         """Whether its directory no longer holds this open database: removed, or another one
@@ -958,7 +976,8 @@ def close_kept_open(under: Path | None = None) -> None:
             replica._abandon()
             continue
         try:
-            replica.close()
+            with replica.in_use:
+                replica.close()
         except Exception as e:
             log.warning("replica %s could not be closed cleanly (%s); it rebuilds on its next open",
                         replica.path, str(e).splitlines()[0])

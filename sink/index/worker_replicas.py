@@ -84,7 +84,8 @@ def use(path: str | os.PathLike[str], spec: str, **options) -> Iterator[ShardRep
             _KEPT.move_to_end(key)
         # A use that fails leaves the replica unmarked (dirty): its next use goes on with it,
         # as a kept-open replica's does on the driver; a damaged one is wiped by the caller.
-        yield ShardReplica.acquire(path, spec, **options)
+        with ShardReplica.kept(path, spec, **options) as replica:
+            yield replica
         kept.used_at = _clock()
         if kept.dirty_since is None:
             kept.dirty_since = kept.used_at
@@ -127,7 +128,8 @@ def _keep_one(key: str, entry: _Kept, now: float, release: bool) -> None:
     elif replica is not None and entry.checkpoint_due(now):
         entry.dirty_since = None
         try:
-            replica.checkpoint()
+            with replica.in_use:  # a reader's checkpoint request may be answered beside this
+                replica.checkpoint()
         except Exception:  # a full disk, say: the close below lets it go
             release = True
     if replica is None or release:
