@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
@@ -12,6 +15,8 @@ from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
 from sink.errors import SchemaError
 from sink.history import HISTORY_COLUMNS
 from sink.ordering import helper_columns
+
+log = logging.getLogger(__name__)
 
 
 def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
@@ -71,8 +76,12 @@ def with_hidden_ordering(df: DataFrame, cfg: SinkConfig) -> DataFrame:
 
 
 def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
-    """`validate_schema` plus analysis of `delete_when` against the stream's columns."""
+    """`validate_schema` plus analysis of `delete_when` against the stream's columns, and a
+    warning when the stream's file source would turn unparseable values into nulls."""
     validate_schema(cfg, df.schema)
+    warning = unguarded_parsing(cfg, file_sources(df), df.schema.fieldNames())
+    if warning:
+        log.warning(warning)
     for name, expr in (("delete_when", cfg.delete_when), ("quarantine_when", cfg.quarantine_when)):
         if not expr:
             continue
@@ -82,6 +91,56 @@ def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
             raise SchemaError(f"{name} = {expr!r} does not apply to the stream: {e}") from e
         if not isinstance(result, BooleanType):
             raise SchemaError(f"{name} = {expr!r} must be a boolean expression, it gives {result.typeName()}")
+
+
+# Spark's readers that parse text into typed columns: a value that does not parse is read as
+# null in PERMISSIVE mode (their default), and only the corrupt-record column keeps its text.
+PARSED_FORMATS = ("json", "csv")
+
+
+def file_sources(df: DataFrame) -> list[tuple[str, dict[str, str]]]:
+    """(format, options) of each streaming file source `df` reads; empty where the plan cannot
+    be read (Spark Connect, or Spark's internals changed)."""
+    found: list[tuple[str, dict[str, str]]] = []
+
+    def walk(node) -> None:
+        if node.getClass().getSimpleName() == "StreamingRelation":
+            source = node.dataSource()
+            options = source.options()
+            keys_ = options.keys().toList()
+            found.append((source.className(), {k: options.apply(k) for k in
+                                               (keys_.apply(i) for i in range(keys_.size()))}))
+        children = node.children()
+        for i in range(children.size()):
+            walk(children.apply(i))
+
+    try:
+        walk(df._jdf.queryExecution().analyzed())
+    except Exception as e:  # no JVM plan to read: nothing to warn about
+        log.debug("cannot read the stream's sources (%s)", e)
+        return []
+    return found
+
+
+def unguarded_parsing(cfg: SinkConfig, sources: Sequence[tuple[str, Mapping[str, str]]],
+                      columns: Sequence[str]) -> str | None:
+    """Why a JSON or CSV source in PERMISSIVE mode would write nulls over good values: the
+    stream lacks the corrupt-record column the sink quarantines on (None: it has it)."""
+    for fmt, options in sources:
+        options = {k.lower(): v for k, v in options.items()}
+        if fmt.lower() not in PARSED_FORMATS or options.get("mode", "PERMISSIVE").upper() != "PERMISSIVE":
+            continue
+        reader_column = options.get("columnnameofcorruptrecord", cfg.corrupt_record_column)
+        if reader_column != cfg.corrupt_record_column:
+            return (f"the stream's {fmt} source keeps unparseable records in {reader_column!r} "
+                    f"(columnNameOfCorruptRecord), but corrupt_record_column = {cfg.corrupt_record_column!r}: "
+                    f"set corrupt_record_column = {reader_column!r} so that such records are quarantined")
+        if reader_column not in columns:
+            return (f"the stream reads {fmt} files in PERMISSIVE mode without the corrupt-record column "
+                    f"{reader_column!r} in its schema: a value Spark cannot parse is read as null and written "
+                    f"over the stored value. Add `{reader_column} STRING` to the reader's schema (the sink "
+                    "quarantines such records with their raw text), or read with mode FAILFAST")
+    return None
 
 
 def sql_string(value: str) -> str:

@@ -140,3 +140,43 @@ def test_config_errors_for_the_corrupt_record_column_and_quarantine_when(spark, 
         UpsertSink(sink_config(tmp_path, quarantine_when="total + 1")).validate(df)
     with pytest.raises(SchemaError, match="quarantine_when = 'nope > 1' does not apply to the stream"):
         UpsertSink(sink_config(tmp_path, quarantine_when="nope > 1")).validate(df)
+
+
+def _validate_warnings(spark, tmp_path, caplog, reader, cfg=None) -> list[str]:
+    landing = tmp_path / "landing"
+    landing.mkdir(exist_ok=True)
+    cfg = cfg or SinkConfig(table_uri=str(tmp_path / "t"), key=["order_id"], ordering="lsn", writer_id="w",
+                            metrics_port=0)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sink.prepare"):
+        UpsertSink(cfg).validate(reader(spark.readStream).load(str(landing)))
+    return [r.getMessage() for r in caplog.records if r.name == "sink.prepare"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_validate_warns_once_of_a_file_source_that_would_store_nulls_for_what_did_not_parse(
+        spark, tmp_path, caplog, fmt):
+    schema = "order_id BIGINT, lsn BIGINT, total_cents BIGINT"
+    warned = _validate_warnings(spark, tmp_path, caplog, lambda r: r.format(fmt).schema(schema))
+    assert len(warned) == 1
+    assert f"reads {fmt} files in PERMISSIVE mode without the corrupt-record column '_corrupt_record'" in warned[0]
+    assert "Add `_corrupt_record STRING` to the reader's schema" in warned[0]
+    # With the column, or in FAILFAST mode, or from a source that does not parse text: no warning.
+    assert _validate_warnings(spark, tmp_path, caplog,
+                              lambda r: r.format(fmt).schema(schema + ", _corrupt_record STRING")) == []
+    assert _validate_warnings(spark, tmp_path, caplog,
+                              lambda r: r.format(fmt).schema(schema).option("mode", "FAILFAST")) == []
+    assert _validate_warnings(spark, tmp_path, caplog, lambda r: r.format("parquet").schema(schema)) == []
+
+
+def test_validate_warns_when_the_reader_keeps_corrupt_records_in_another_column(spark, tmp_path, caplog):
+    schema = "order_id BIGINT, lsn BIGINT, bad STRING"
+    warned = _validate_warnings(spark, tmp_path, caplog, lambda r: r.format("json").schema(schema).option(
+        "columnNameOfCorruptRecord", "bad"))
+    assert warned == ["the stream's json source keeps unparseable records in 'bad' (columnNameOfCorruptRecord), "
+                      "but corrupt_record_column = '_corrupt_record': set corrupt_record_column = 'bad' so that "
+                      "such records are quarantined"]
+    cfg = SinkConfig(table_uri=str(tmp_path / "t"), key=["order_id"], ordering="lsn", writer_id="w", metrics_port=0,
+                     corrupt_record_column="bad")
+    assert _validate_warnings(spark, tmp_path, caplog, lambda r: r.format("json").schema(schema).option(
+        "columnNameOfCorruptRecord", "bad"), cfg) == []
