@@ -230,18 +230,22 @@ class SinkConfig:
             _require_columns(name, columns, allow_empty=name == "track_history_except_columns")
             if self.scd_type != 2:
                 raise ConfigError(f"{name} applies to scd_type = 2 only (scd_type = {self.scd_type})")
-            fixed = sorted(set(columns) & {*self.identity_columns, *self.ordering_columns})
+            fixed = sorted(set(columns) & set(self.identity_columns))
             if fixed:
-                raise ConfigError(f"{name} names key, partition or ordering column(s) {fixed}: history tracks the "
-                                  "other stored columns (a key's versions share its key, and in partitioned scope "
-                                  "its partition; the ordering changes with every event)")
+                raise ConfigError(f"{name} names key or partition column(s) {fixed}: history tracks the other "
+                                  "stored columns (a key's versions share its key, and in partitioned scope its "
+                                  "partition)")
         if len(named) == 2:
             raise ConfigError("set track_history_columns or track_history_except_columns, not both")
 
     def tracked_columns(self, stored: list[str]) -> list[str]:
-        """scd_type = 2: of the table's `stored` columns, those whose change opens a version."""
-        fixed = {*self.identity_columns, *self.ordering_columns}
-        values = [c for c in stored if c not in fixed]
+        """scd_type = 2: of the table's `stored` columns, those whose change opens a version. By
+        default all but the key and partition columns: a stored ordering column is tracked, as
+        AUTO CDC tracks it (every event then opens a version); one except_columns leaves out
+        of the table (kept under a hidden name) is not."""
+        hidden = set(self.hidden_ordering.values()) | {c for c in self.ordering_columns
+                                                       if c.startswith(HIDDEN_ORDERING_PREFIX)}
+        values = [c for c in stored if c not in self.identity_columns and c not in hidden]
         if self.track_history_columns is not None:
             return [c for c in values if c in self.track_history_columns]
         return [c for c in values if c not in (self.track_history_except_columns or ())]

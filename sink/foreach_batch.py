@@ -194,7 +194,8 @@ class UpsertSink:
         fixed = {*cfg.identity_columns, *cfg.ordering_columns, *HISTORY_COLUMNS}
         values = [f.name for f in schema if f.name not in fixed]
         return HistoryColumns(key=tuple(cfg.identity_columns), ordering=tuple(cfg.ordering_columns),
-                              delete=C.DELETE, values=tuple(values), tracked=tuple(cfg.tracked_columns(values)),
+                              delete=C.DELETE, values=tuple(values),
+                              tracked=tuple(cfg.tracked_columns([*values, *cfg.ordering_columns])),
                               fill_nulls=cfg.ignore_null_updates)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:

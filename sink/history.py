@@ -40,7 +40,7 @@ HISTORY_COLUMNS = (START_AT, END_AT, RUN_EVENTS, FILLED)
 class HistoryColumns:
     """The columns of an events table: the key, the ordering (the sequence, one or more
     columns compared in order), the delete flag and the stored values, of which `tracked`
-    open a new version when they change."""
+    open a new version when they change (an ordering column tracked: every event opens one)."""
 
     key: tuple[str, ...]
     ordering: tuple[str, ...]
@@ -52,9 +52,10 @@ class HistoryColumns:
     fill_nulls: bool = False
 
     def __post_init__(self):
-        untracked = [c for c in self.tracked if c not in self.values]
-        if untracked:
-            raise ValueError(f"tracked columns {untracked} are not among the values {list(self.values)}")
+        unknown = [c for c in self.tracked if c not in self.values and c not in self.ordering]
+        if unknown:
+            raise ValueError(f"tracked columns {unknown} are not among the values {list(self.values)} or the "
+                             f"ordering {list(self.ordering)}")
 
     @property
     def event_columns(self) -> list[str]:
@@ -192,7 +193,7 @@ def events_of(history: History, cols: HistoryColumns) -> pa.Table:
     runs = versions.column(RUN_EVENTS).combine_chunks()
     earlier = pa.Table.from_struct_array(runs.flatten())
     owner = versions.take(pc.list_parent_indices(runs))
-    for c in [*cols.key, *(c for c in cols.tracked if c not in cols.run_values)]:
+    for c in [*cols.key, *(c for c in cols.tracked if c not in cols.run_values and c not in cols.ordering)]:
         earlier = earlier.append_column(c, owner.column(c))
     earlier = earlier.append_column(cols.delete, pa.array(np.zeros(len(earlier), bool)))
     # A version that ends where none of the key's versions starts was closed by a delete.

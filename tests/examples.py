@@ -30,3 +30,9 @@ USER_VERSIONS_EXCEPT_CITY = [
     (125, "Mercedes", "Guadalajara", 2, None),
     (126, "Lily", "Cancun", 2, None),
 ]
+
+# Spark Declarative Pipelines' AUTO CDC suite, "the SCD2 auxiliary table dropped between runs":
+# target (id, version), STORED AS SCD TYPE 2, sequenced by version; the events come one run
+# each. version is stored, so tracked by default: (id, version, __START_AT, __END_AT).
+VERSIONED_EVENTS = [(1, 1), (1, 2)]
+VERSIONED_HISTORY = [(1, 1, 1, 2), (1, 2, 2, None)]

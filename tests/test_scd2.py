@@ -19,7 +19,7 @@ from sink.history import END_AT, RUN_EVENTS, START_AT
 from sink.lakehouse import versions
 from sink.lakehouse.rewrite import matching_files
 from tests import history_crash
-from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY
+from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY, VERSIONED_EVENTS, VERSIONED_HISTORY
 from tests.oracle import SCHEMA as EVENT_SCHEMA
 from tests.oracle import Event, expected_history, random_global_batches, verify_replicas
 from tests.scaleout_stream import history_rows, never_committed
@@ -79,6 +79,19 @@ def test_the_published_example_tracking_history_except_city(spark, tmp_path, spl
     run_users(spark, tmp_path, *SPLITS[split], track_history_except_columns=["city"])
     assert history(str(tmp_path / "users"), "userId", "name", "city", START_AT, END_AT) == sorted(
         USER_VERSIONS_EXCEPT_CITY)
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+@pytest.mark.parametrize("restart", [False, True])
+def test_the_published_case_whose_stored_sequence_column_is_tracked_by_default(spark, tmp_path, tag_on, restart):
+    """Declarative Pipelines' "SCD2 auxiliary table dropped between runs": target (id,
+    version) sequenced by version, which is stored, so tracked: each event opens a version."""
+    cfg = dict(table_uri=str(tmp_path / "t"), key=["id"], ordering="version", scd_type=2, writer_id="w",
+               num_shards=2, metrics_port=0, tag_on=tag_on)
+    for b, event in enumerate(VERSIONED_EVENTS):
+        index = tmp_path / (f"index-{b}" if restart else "index")
+        UpsertSink(SinkConfig(index_dir=str(index), **cfg))(spark.createDataFrame([event], "id INT, version INT"), b)
+    assert history(cfg["table_uri"], "id", "version", START_AT, END_AT) == VERSIONED_HISTORY
 
 
 def test_a_replayed_batch_and_redelivered_events_change_nothing(spark, tmp_path):
@@ -179,8 +192,8 @@ def test_tracked_columns_must_be_stored_columns(spark, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     ({"scd_type": 3}, r"scd_type = 3 is not accepted; accepted values: \[1, 2\]"),
     ({"track_history_columns": ["name"], "track_history_except_columns": ["city"]}, "not both"),
-    ({"track_history_columns": ["userId"]}, "key, partition or ordering"),
-    ({"track_history_columns": ["city"], "partition_by": ["city"]}, r"partition or ordering column\(s\) \['city'\]"),
+    ({"track_history_columns": ["userId"]}, r"key or partition column\(s\) \['userId'\]"),
+    ({"track_history_columns": ["city"], "partition_by": ["city"]}, r"key or partition column\(s\) \['city'\]"),
 ])
 def test_history_config_errors_name_the_key(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -311,10 +324,12 @@ def test_a_history_table_whose_files_hide_rows_is_refused_before_writing(spark, 
 
 @pytest.mark.parametrize("case", HANDLER_CASES)
 def test_the_declarative_pipelines_handler_cases_through_the_sink_with_a_restart(spark, tmp_path, case):
-    """The stored events in one batch, then the case's batch on a new sink and index."""
+    """The stored events in one batch, then the case's batch on a new sink and index. The
+    cases track `value` alone: seq is stored, and tracked by default."""
     stored, batch, expected = HANDLER_CASES[case]
     options = dict(table_uri=str(tmp_path / "t"), key=["id"], ordering="seq", delete_when="is_delete",
-                   scd_type=2, except_columns=["is_delete"], writer_id="w-cases", num_shards=2, metrics_port=0)
+                   scd_type=2, except_columns=["is_delete"], writer_id="w-cases", num_shards=2, metrics_port=0,
+                   track_history_columns=["value"])
     for b, events in enumerate((stored, batch)):
         if events:
             rows = [(e["id"], e["seq"], e["is_delete"], e["value"]) for e in events]
@@ -367,7 +382,10 @@ def test_the_history_keys_read_from_toml(tmp_path):
                     'track_history_except_columns = "city"\n')
     cfg = SinkConfig.from_file(conf)
     assert (cfg.scd_type, cfg.track_history_except_columns) == (2, ["city"])
-    assert cfg.tracked_columns(["id", "seq", "name", "city"]) == ["name"]
+    # The stored ordering column is tracked unless the list leaves it out, as AUTO CDC does.
+    assert cfg.tracked_columns(["id", "seq", "name", "city"]) == ["seq", "name"]
+    conf.write_text(conf.read_text().replace('"city"', '["city", "seq"]'))
+    assert SinkConfig.from_file(conf).tracked_columns(["id", "seq", "name", "city"]) == ["name"]
 
 
 def test_a_sequence_of_two_columns_is_a_struct_in_the_table_and_late_events_split_by_it(spark, tmp_path):
