@@ -33,6 +33,11 @@ class ReplicaLockedError(SinkError):
     """Another process holds this shard replica's RocksDB lock."""
 
 
+class ReplicaLostError(SinkError):
+    """A shard replica's directory was removed while a task used it (an operator deleted the
+    index directory): the task rebuilds the replica and tags again."""
+
+
 class CommitCheckError(SinkError):
     """A copy-on-write commit failed a check before committing (a file missing, a removed file
     not in the version the batch read, incomplete partition values, another schema): nothing

@@ -38,6 +38,7 @@ from deltalake import DeltaTable
 from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
+from sink.errors import ReplicaLostError
 from sink.index import changelog, history_locations, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import expire_before, ordering_names
@@ -411,12 +412,14 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
     path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
     try:
         return _tag_shard_on(ctx, shard, rows, stats, path)
+    except ReplicaLostError as e:
+        log.warning("%s: rebuilt from the table", e)
     except Exception as e:
         if not is_corruption(e):
             raise
         wipe_damaged(path, e)
-        stats["replicas_repaired"] += 1
-        return _tag_shard_on(ctx, shard, rows, stats, path)
+    stats["replicas_repaired"] += 1
+    return _tag_shard_on(ctx, shard, rows, stats, path)
 
 
 def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, path) -> pa.Table:
@@ -697,6 +700,20 @@ FLUSH_EVERY_S = 60.0
 
 @contextmanager
 def _replica(ctx: TaskContext, path, flush: bool = True):
+    """`_use`, where a failure of a replica whose directory was removed during the use is a
+    ReplicaLostError (invariant 3: losing the replica costs a rebuild, not the batch)."""
+    with _use(ctx, path, flush) as replica:
+        try:
+            yield replica
+        except Exception as e:
+            if not replica.replaced():
+                raise
+            raise ReplicaLostError(f"replica {path} was removed while in use "
+                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+
+
+@contextmanager
+def _use(ctx: TaskContext, path, flush: bool):
     """The shard's replica for one use: kept open by the driver (`flush`: flushed after the use
     when its last flush is FLUSH_EVERY_S old) or by a reused Python worker (checkpointed in
     the background, sink.index.worker_replicas), else opened and closed."""
@@ -714,7 +731,7 @@ def _replica(ctx: TaskContext, path, flush: bool = True):
         try:
             yield replica
         finally:
-            if flush and time.monotonic() - replica.flushed_at >= FLUSH_EVERY_S:
+            if flush and time.monotonic() - replica.flushed_at >= FLUSH_EVERY_S and not replica.replaced():
                 replica.flush()
 
 
