@@ -11,11 +11,9 @@ from typing import Any
 from jobs.envelopes import ENVELOPES
 from sink.config import SinkConfig
 from sink.errors import ConfigError
+from sink.prepare import PARSED_FORMATS
 
-SOURCE_FORMATS = ("json", "csv", "parquet")
-# Text formats Spark reads PERMISSIVE: a value that does not parse becomes a null unless the
-# schema has a corrupt-record column to keep the raw text in.
-TEXT_FORMATS = ("json", "csv")
+SOURCE_FORMATS = (*PARSED_FORMATS, "parquet")
 
 
 @dataclass

@@ -19,10 +19,11 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 from pyspark.sql.types import StringType, StructType  # noqa: E402
 
 from jobs.envelopes import debezium_select  # noqa: E402
-from jobs.job_config import TEXT_FORMATS, JobConfig, load_job_config  # noqa: E402
+from jobs.job_config import JobConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import UpsertSink  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402
+from sink.prepare import PARSED_FORMATS  # noqa: E402
 
 log = logging.getLogger("jobs.upsert_stream")
 
@@ -34,7 +35,7 @@ def source_schema(cfg: JobConfig) -> tuple[StructType, dict[str, str]]:
     src = cfg.source
     schema = StructType.fromDDL(src.schema)
     options = dict(src.options)
-    if src.format in TEXT_FORMATS and src.corrupt_records:
+    if src.format in PARSED_FORMATS and src.corrupt_records:
         name = cfg.sink.corrupt_record_column
         if name not in schema.fieldNames():
             schema = schema.add(name, StringType(), True)

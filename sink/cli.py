@@ -359,8 +359,11 @@ def _compact_tombstones(cfg: SinkConfig, as_json: bool) -> int:
     else:
         ttl = "no tombstone_ttl_hours set" if cfg.tombstone_ttl_hours is None else \
             f"tombstone_ttl_hours = {cfg.tombstone_ttl_hours}"
+        # A history table keeps every delete of a key: what goes is a delete recorded twice.
+        dropped = "repeated deletes of a key at one ordering value, kept once" if cfg.scd_type == 2 else \
+            "superseded by a newer delete of their key"
         print(f"{cfg.resolved_tombstone_uri}: {done.rows_before} rows -> {done.rows_after} "
-              f"({done.superseded} superseded by a newer delete of their key, {done.expired} expired under {ttl}; "
+              f"({done.superseded} {dropped}, {done.expired} expired under {ttl}; "
               f"{done.pending} of batches not committed yet kept)"
               + ("" if done.version is not None else "; nothing to rewrite"))
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from jobs.job_config import load_job_config
+from jobs.job_config import SOURCE_FORMATS, load_job_config
 from jobs.upsert_stream import run
 from sink import SchemaError
 from sink.errors import ConfigError
@@ -97,8 +97,12 @@ def test_job_config_errors_name_the_key(tmp_path):
 def test_the_shipped_example_config_loads():
     from pathlib import Path
 
-    cfg = load_job_config(Path(__file__).resolve().parent.parent / "conf" / "sink.toml")
+    conf = Path(__file__).resolve().parent.parent / "conf" / "sink.toml"
+    cfg = load_job_config(conf)
     assert cfg.sink.key == ["event_id"] and cfg.source.format == "json"
+    # Its comment lists the formats the job reads.
+    line = next(ln for ln in conf.read_text().splitlines() if ln.startswith("format ="))
+    assert line.split("#", 1)[1].split() == " | ".join(SOURCE_FORMATS).split()
 
 
 def test_the_job_with_replicas_kept_open_exits_zero_and_quietly(tmp_path):
