@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from sink.columns import distinct
 from sink.config import SinkConfig
 from sink.errors import SinkError
 from sink.executor import default_index_root
@@ -338,7 +339,7 @@ def _unmet(table: DeltaTable, wanted: Contract) -> list[str]:
                 f"{list(wanted.partition_by)} (a rewrite cannot repartition it)"]
     if wanted.scd_type == 2:  # a history table has a row per version of a key
         return []
-    unique_by = [*wanted.key, *(wanted.partition_by if wanted.scope == "partitioned" else ())]
+    unique_by = distinct(wanted.key, wanted.partition_by if wanted.scope == "partitioned" else ())
     counts = pa.table(table.to_pyarrow_table(columns=unique_by)).group_by(unique_by).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
     if repeated.num_rows:

@@ -1,5 +1,7 @@
 """Names of the helper columns the sink adds to a batch (prefixed to avoid user columns)."""
 
+from collections.abc import Iterable
+
 KEY = "__sink_key"
 SHARD = "__sink_shard"
 ORDERING = "__sink_ordering"
@@ -23,3 +25,8 @@ STATS_OP = "_stats"
 def stream_columns(names: list[str]) -> list[str]:
     """Of these column names, the stream's own: all but the sink's helper columns."""
     return [n for n in names if not n.startswith(PREFIX)]
+
+
+def distinct(*groups: Iterable[str]) -> list[str]:
+    """The columns of `groups`, each once, in order: a key may name a partition column."""
+    return list(dict.fromkeys(c for group in groups for c in group))

@@ -168,9 +168,9 @@ class SinkConfig:
         _require_choice("commit_mode", self.commit_mode, COMMIT_MODES)
         if self.engine == "delta-spark":
             raise ConfigError("engine = 'delta-spark' is not implemented yet; accepted: 'deltalake'")
-        overlap = set(self.key) & set(self.partition_by)
-        if overlap:
-            raise ConfigError(f"key and partition_by share column(s) {sorted(overlap)}")
+        if self.key and set(self.key) <= set(self.partition_by):
+            raise ConfigError(f"key {self.key} names partition columns only: a partition would hold one row; add the "
+                              "column that tells its rows apart (a key may include partition columns)")
         for c in self.ordering_columns:
             if c in self.key or c in self.partition_by:
                 raise ConfigError(f"ordering column {c!r} must not be a key or partition column")
@@ -299,7 +299,9 @@ class SinkConfig:
     def identity_columns(self) -> list[str]:
         """The columns naming one key of the table: the key, in partitioned scope with its
         partition (a key in another partition is another key)."""
-        return [*self.key] if self.scope == "global" else [*self.partition_by, *self.key]
+        if self.scope == "global":
+            return [*self.key]
+        return [*self.partition_by, *(c for c in self.key if c not in self.partition_by)]
 
     @property
     def tombstone_key(self) -> list[str]:

@@ -611,8 +611,8 @@ class UpsertSink:
         if not cfg.delete_when:
             return
         deletes = prepare(batch_df, cfg, self._num_shards(batch_df)).filter(F.col(C.REASON).isNull() & F.col(C.DELETE))
-        self._append_tombstones(deletes.select(*cfg.key, *cfg.partition_by, *cfg.ordering_columns).toArrow(), batch_id,
-                                self._clock())
+        columns = C.distinct(cfg.key, cfg.partition_by, cfg.ordering_columns)
+        self._append_tombstones(deletes.select(*columns).toArrow(), batch_id, self._clock())
 
     def _append_tombstones(self, deletes: pa.Table, batch_id: int, now: float) -> None:
         """The batch's valid deletes, so a reloaded partition remembers them: per key (per
@@ -626,7 +626,7 @@ class UpsertSink:
         when the batch ran (`now`, the stamp its index entries carry: tombstone_ttl_hours).
         """
         cfg = self.config
-        deletes = latest_per_key(deletes.select([*cfg.key, *cfg.partition_by, *cfg.ordering_columns]),
+        deletes = latest_per_key(deletes.select(C.distinct(cfg.key, cfg.partition_by, cfg.ordering_columns)),
                                  cfg.tombstone_key, cfg.ordering_columns)
         n = deletes.num_rows
         rows = deletes.append_column(

@@ -53,7 +53,7 @@ def keep_stored_values(writes: pa.Table, read_rows: ReadRows, table_columns: Seq
     keys_only = {*key_cols, *partition_cols, *ordering}
     values = [c for c in table_columns if c not in keys_only and c in writes.column_names]
     moving = writes.filter(moved_in)
-    stored = read_rows(pc.unique(moving.column(C.STORED_AT)).to_pylist(), [*key_cols, *partition_cols, *values])
+    stored = read_rows(pc.unique(moving.column(C.STORED_AT)).to_pylist(), C.distinct(key_cols, partition_cols, values))
     filled = fill_from_stored(moving, moving.column(C.STORED_AT), stored,
                               keys.partition_ids(stored, partition_cols), key_cols, values)
     return pa.concat_tables([writes.filter(pc.invert(moved_in)), filled])

@@ -35,7 +35,7 @@ def test_defaults_follow_the_design():
         (dict(peek_max_keys=-1), ["peek_max_keys", "0 to 1000000"]),
         (dict(peek_max_keys=True), ["peek_max_keys", "integer"]),
         (dict(file_cache_bytes=-1), ["file_cache_bytes", "0 to 1099511627776"]),
-        (dict(partition_by=["id"]), ["key and partition_by", "id"]),
+        (dict(partition_by=["id"]), ["key ['id'] names partition columns only", "tells its rows apart"]),
         (dict(ordering="id"), ["ordering", "id"]),
     ],
 )
@@ -44,6 +44,14 @@ def test_bad_values_name_the_key_and_what_is_accepted(override, words):
         SinkConfig(**{**BASE, **override})
     for word in words:
         assert word in str(err.value)
+
+
+def test_a_key_may_include_partition_columns():
+    """`key = ["store_id", "sku"]` with `partition_by = ["store_id"]`, as Delta's MERGE takes it."""
+    cfg = SinkConfig(**{**BASE, "key": ["store_id", "sku"], "partition_by": ["store_id"]})
+    assert cfg.identity_columns == ["store_id", "sku"]
+    assert SinkConfig(**{**BASE, "key": ["store_id", "sku"], "partition_by": ["store_id"], "scope": "global"}
+                      ).identity_columns == ["store_id", "sku"]
 
 
 def test_writer_id_or_checkpoint_is_required():

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from sink import columns as C
 from sink import keys
 from sink.index import history_locations
 from sink.index.entry import Entry, pack_located_many, pack_many
@@ -124,7 +125,7 @@ def read_global(
     every partition holding a version or a stored delete of it (sink.index.history_locations)."""
     ordering = columns_of(ordering)
     width = len(ordering)
-    columns = [*key_cols, *partition_cols, *ordering]
+    columns = C.distinct(key_cols, partition_cols, ordering)
     parts = [_located(pa.Table.from_batches([batch]), key_cols, partition_cols, ordering, shard, num_shards)
              for batch in pa.RecordBatchReader.from_stream(table.scan(columns=columns))]
     rows = pa.concat_tables([_empty(width, located=True), *parts])
@@ -261,7 +262,7 @@ def read_changes(
     """Row-level changes of commit `version` for this shard, from the change data feed;
     None when they cannot be read (then the caller invalidates instead)."""
     ordering = columns_of(ordering)
-    columns = [*key_cols, *partition_cols, *ordering, "_change_type"]
+    columns = C.distinct(key_cols, partition_cols, ordering, ["_change_type"])
     try:
         data = pa.table(table.load_cdf(starting_version=version, ending_version=version, columns=columns))
     except Exception:  # CDF files cleaned up, or CDF was off at that version

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
+from sink import columns as C
 from sink import keys
 
 # Partitions named in a MERGE's ON clause at most; beyond, the clause names none.
@@ -61,7 +62,7 @@ def merge_predicate(
     the index says hold updated or deleted keys. Above MAX_PARTITION_LITERALS it is left
     out (the MERGE scans every partition): delta-rs crashes on IN-lists of ~30k literals.
     """
-    eq = [f"{target}.{quote_ident(c)} = {source}.{quote_ident(c)}" for c in (*key_cols, *partition_cols)]
+    eq = [f"{target}.{quote_ident(c)} = {source}.{quote_ident(c)}" for c in C.distinct(key_cols, partition_cols)]
     if partition_cols:
         if not partitions:
             raise ValueError("a MERGE on a partitioned table needs at least one partition")

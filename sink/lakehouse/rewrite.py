@@ -166,13 +166,14 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     # file probed.
     probed = np.flatnonzero(changing(rows).to_numpy(zero_copy_only=False))
     changes = rows.take(pa.array(probed))
-    key_schema = pa.schema([writes.schema.field(c) for c in writes.key_cols])
-    incoming_keys = row_keys(conform(changes, key_schema), writes.key_cols)
+    key_cols = file_key_columns(writes.key_cols, writes.partition_by)
+    key_schema = pa.schema([writes.schema.field(c) for c in key_cols])
+    incoming_keys = row_keys(conform(changes, key_schema), key_cols)
     matched = np.zeros(rows.num_rows, bool)
     outputs: list[pa.Table] = []
     removed: list[StoredFile] = []
     unchanged = 0
-    for f, stored, at in matching_files(fs, root, files, incoming_keys, writes.key_cols, values, writes.schema):
+    for f, stored, at in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema):
         matched[probed[at.drop_null().to_numpy()]] = True
         result, no_ops = apply_writes(stored, changes, at, writes)
         unchanged += no_ops
@@ -185,6 +186,12 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     if pc.any(new_keys).as_py():
         outputs = with_inserts(outputs, conform(rows.filter(new_keys), writes.schema))
     return outputs, removed, unchanged
+
+
+def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> list[str]:
+    """The key columns that tell one partition's rows apart, which its data files hold: a key
+    column that is a partition column is the partition's value, kept in the log, not the files."""
+    return [c for c in key_cols if c not in partition_by]
 
 
 def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,

@@ -28,7 +28,15 @@ from sink.history import END_AT, START_AT, History, HistoryColumns, build, event
 from sink.index.loader import committed_tombstones
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.predicates import partitions_predicate
-from sink.lakehouse.rewrite import Rewrite, StoredFile, matching_files, row_keys, with_inserts, write_partition_files
+from sink.lakehouse.rewrite import (
+    Rewrite,
+    StoredFile,
+    file_key_columns,
+    matching_files,
+    row_keys,
+    with_inserts,
+    write_partition_files,
+)
 from sink.lakehouse.writes import conform, partition_string
 from sink.tombstones import expired_rows
 
@@ -226,10 +234,10 @@ def _stored(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], probe: 
     schema = writes.schema
     kept, removed, before = [], [], [schema.empty_table()]
     if files:
-        key_schema = pa.schema([schema.field(c) for c in writes.key_cols])
-        incoming = pc.unique(row_keys(conform(probe, key_schema), writes.key_cols))
-        for f, rows, at in matching_files(fs, root, files, incoming, writes.key_cols, files[0].partition_values,
-                                          schema):
+        key_cols = file_key_columns(writes.key_cols, writes.partition_by)
+        key_schema = pa.schema([schema.field(c) for c in key_cols])
+        incoming = pc.unique(row_keys(conform(probe, key_schema), key_cols))
+        for f, rows, at in matching_files(fs, root, files, incoming, key_cols, files[0].partition_values, schema):
             touched = pc.is_valid(at)
             kept.append(rows.filter(pc.invert(touched)))
             before.append(rows.filter(touched))
