@@ -43,7 +43,7 @@ from sink.executor import (
     tag_locally,
     wait_caught_up,
 )
-from sink.history import HISTORY_COLUMNS, HistoryColumns, history_fields
+from sink.history import HISTORY_COLUMNS, RUN_EVENTS, HistoryColumns, history_fields
 from sink.history_writes import HistoryBatch, history_writes
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
@@ -61,7 +61,7 @@ from sink.lakehouse.delta_rs import (
 )
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
 from sink.lakehouse.rewrite import stored_files
-from sink.lakehouse.schema import added_columns, check_history_columns
+from sink.lakehouse.schema import added_columns, check_history_columns, pending, with_added
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, record_partitions
 from sink.placement import unplaced_deletes
@@ -162,12 +162,12 @@ class UpsertSink:
         stream, table = (pa.schema([f for f in s if f.name not in HISTORY_COLUMNS])
                          for s in (self._stored_schema(df, table.names), table))
         added = added_columns(stream, table, roles, cfg.schema_evolution)
-        untracked = [f.name for f in added if cfg.scd_type == 2 and f.name not in cfg.tracked_columns([f.name])]
-        if untracked:
-            raise SchemaError(f"the stream has column(s) {untracked} that {cfg.table_uri} lacks, and "
-                              "track_history_columns leaves them untracked: a history table keeps untracked values "
-                              "in __RUN_EVENTS, whose type a new column would change; leave them out with "
-                              "except_columns, or add them to the table first")
+        if cfg.scd_type == 2 and added:
+            # A new untracked column (any, with ignore_null_updates) joins the run events too:
+            # __RUN_EVENTS gains it as a field, null for the events stored before.
+            values = pa.schema([*table, *added])
+            run_events = next(f for f in history_fields(values, self._history_columns(values)) if f.name == RUN_EVENTS)
+            added += pending([run_events], self._target.arrow_schema())
         return added
 
     def _history_fields(self, df: DataFrame, table: pa.Schema) -> list[pa.Field]:
@@ -466,8 +466,7 @@ class UpsertSink:
         """The writing tasks after the tagging ones: each partition's writes in one task, which
         rewrites its files (`snapshot`: the broadcast files of the version tagged against)."""
         cfg = self.config
-        present = self._target.arrow_schema()
-        schema = pa.schema([*present, *(f for f in added if f.name not in present.names)])
+        schema = with_added(self._target.arrow_schema(), added)
         wctx = WriteContext(
             table_uri=cfg.table_uri, schema=schema,
             key_cols=tuple(cfg.key), ordering=tuple(cfg.ordering_columns), partition_by=tuple(cfg.partition_by),
@@ -558,8 +557,8 @@ class UpsertSink:
         holds are rebuilt with what the table keeps of them (a column added since reads as
         nulls), new keys from the batch alone."""
         present = self._target.arrow_schema()
-        added = [f for f in added if f.name not in present.names]  # a retry may have added them
-        batch = self._history_batch(pa.schema([*present, *added]), ctx)
+        added = pending(added, present)
+        batch = self._history_batch(with_added(present, added), ctx)
         writes, counts = history_writes(records.filter(pc.is_null(records.column(C.REASON))), batch,
                                         lambda: self._target.table)
         outcome, done = self._target.commit_history(writes, self.writer_id, ctx.batch_id,

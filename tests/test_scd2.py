@@ -347,7 +347,7 @@ def test_the_declarative_pipelines_handler_cases_through_the_sink_with_a_restart
 
 def test_a_new_stream_column_joins_the_history_table_as_a_tracked_column(spark, tmp_path):
     """schema_evolution = 'add_columns': stored versions read null in it, so its first value
-    opens a version; with track_history_columns it would be untracked, which is refused."""
+    opens a version."""
     sink = UpsertSink(users_config(tmp_path))
     sink(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
     wider = USERS + ", country STRING"
@@ -357,10 +357,38 @@ def test_a_new_stream_column_joins_the_history_table_as_a_tracked_column(spark, 
     assert DeltaTable(uri).schema().to_arrow().names[-1] == "country"
     assert history(uri, "userId", "country", START_AT, END_AT) == [
         (123, None, 1, None), (124, None, 1, 3), (124, "MX", 3, None), (125, None, 2, None), (126, None, 1, None)]
-    strict = UpsertSink(users_config(tmp_path / "strict", track_history_columns=["name", "city"]))
-    strict(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
-    with pytest.raises(SchemaError, match=r"column\(s\) \['country'\] .* leaves them untracked"):
-        strict(spark.createDataFrame([(124, "Raul", "Oaxaca", "UPDATE", 3, "MX")], wider), 1)
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_a_new_untracked_column_joins_the_history_table_null_in_closed_versions(spark, tmp_path, tag_on):
+    """AUTO CDC adds it: closed versions read null, the current one is updated in place, and
+    __RUN_EVENTS keeps its values, so a late event splits a run exactly. The table equals one
+    that had the column from the start and got every event in one batch."""
+    wider = USERS + ", country STRING"
+    later = [(124, "Raul", "Oaxaca", "UPDATE", 3, "MX"), (125, "Mercedes", "Tijuana", "UPDATE", 4, "MX"),
+             (126, "Lily", "Tulum", "UPDATE", 5, "MX")]
+    late = [(124, "Raul", "Puebla", "UPDATE", 2, "US")]
+    tracking = dict(track_history_columns=["name", "city"], tag_on=tag_on)
+    sink = UpsertSink(users_config(tmp_path, **tracking))
+    sink(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
+    sink(spark.createDataFrame(later, wider), 1)
+    uri = str(tmp_path / "users")
+    assert history(uri, "userId", "city", "country", START_AT, END_AT) == [
+        (123, "Monterrey", None, 1, None), (124, "Oaxaca", "MX", 1, None), (125, "Tijuana", "MX", 2, None),
+        (126, "Cancun", None, 2, 5), (126, "Tulum", "MX", 5, None)]
+    sink(spark.createDataFrame(late, wider), 2)
+    assert history(uri, "userId", "city", "country", START_AT, END_AT) == [
+        (123, "Monterrey", None, 1, None), (124, "Oaxaca", None, 1, 2), (124, "Oaxaca", "MX", 3, None),
+        (124, "Puebla", "US", 2, 3), (125, "Tijuana", "MX", 2, None), (126, "Cancun", None, 2, 5),
+        (126, "Tulum", "MX", 5, None)]
+    run_events = pa.schema(DeltaTable(uri).schema().to_arrow()).field(RUN_EVENTS).type.value_type
+    assert [run_events.field(i).name for i in range(run_events.num_fields)] == ["__ordering_sequenceNum", "country"]
+
+    whole = tmp_path / "whole"
+    UpsertSink(users_config(whole, **tracking))(spark.createDataFrame(
+        [(*e, None) for e in USER_CHANGES[:4]] + later + late, wider), 0)
+    columns = ("userId", "name", "city", "country", START_AT, END_AT)
+    assert history(uri, *columns) == history(str(whole / "users"), *columns)
 
 
 def test_a_late_event_reads_only_the_files_of_its_partition(spark, tmp_path, monkeypatch):
@@ -589,3 +617,20 @@ def test_in_global_scope_a_second_writers_move_between_tagging_and_commit_is_reb
     assert history_rows(str(tmp_path / "t")) == expected_history([seed, theirs, ours], scope="global")
     assert {dt for dt, key, *_ in history_rows(str(tmp_path / "t")) if key == "k"} == {
         "2025-01-01", "2025-01-02", "2025-01-03"}
+
+
+def test_a_new_column_joins_a_history_table_that_fills_nulls(spark, tmp_path):
+    """ignore_null_updates keeps every value of a run's earlier events in __RUN_EVENTS: a new
+    column, tracked, widens it too. The table equals one fed every event in one batch."""
+    wider = USERS + ", country STRING"
+    later = [(124, "Raul", None, "UPDATE", 3, "MX"), (125, None, "Mexicali", "UPDATE", 5, None)]
+    options = dict(ignore_null_updates=True)
+    sink = UpsertSink(users_config(tmp_path, **options))
+    sink(spark.createDataFrame(USER_CHANGES[:4], USERS), 0)
+    sink(spark.createDataFrame(later, wider), 1)
+    whole = tmp_path / "whole"
+    UpsertSink(users_config(whole, **options))(spark.createDataFrame(
+        [(*e, None) for e in USER_CHANGES[:4]] + later, wider), 0)
+    columns = ("userId", "name", "city", "country", START_AT, END_AT)
+    assert history(str(tmp_path / "users"), *columns) == history(str(whole / "users"), *columns)
+    assert (124, "Raul", "Oaxaca", "MX", 3, None) in history(str(tmp_path / "users"), *columns)

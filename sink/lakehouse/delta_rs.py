@@ -18,6 +18,7 @@ from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import merge_only_reason, unreadable_reason
 from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
 from sink.lakehouse.predicates import partitions_predicate
+from sink.lakehouse.schema import pending, with_added
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, distinct_partitions
 from sink.ordering import columns_of
 
@@ -121,12 +122,12 @@ class DeltaTarget:
         """
         before = self.version()
         present = self.arrow_schema()
-        added_columns = [f for f in added_columns if f.name not in present.names]  # a retry may have added them
+        added_columns = pending(added_columns, present)
         rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
         updating = changing(rows)
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
         props = _commit_properties(app_id, batch_id, custom_metadata, mode)
-        writes = Writes(rows, pa.schema([*present, *added_columns]), list(key_cols), columns_of(ordering),
+        writes = Writes(rows, with_added(present, added_columns), list(key_cols), columns_of(ordering),
                         self.partition_by, incoming_wins_ties, props)
         if mode == "append":
             append.commit(self.table, writes, evolve=bool(added_columns))
@@ -149,10 +150,10 @@ class DeltaTarget:
         the loaded version, which the commit lands right after, or it fails (CommitFailedError)."""
         before = self.version()
         present = self.arrow_schema()
-        added_columns = [f for f in added_columns if f.name not in present.names]  # a retry may have added them
+        added_columns = pending(added_columns, present)
         mode = "rewrite" if written.removes else "append"
         props = _commit_properties(app_id, batch_id, custom_metadata, mode)
-        schema = pa.schema([*present, *added_columns])
+        schema = with_added(present, added_columns)
         self._add_columns(added_columns, before)
         rewrite.commit_rewrite(self.table, self.uri, written, rewrite.stored_files(self.table, self.partition_by),
                                schema, self.partition_by, props)

@@ -38,6 +38,20 @@ def fits(stream: pa.DataType, table: pa.DataType) -> bool:
     return False
 
 
+def pending(added: list[pa.Field], present: pa.Schema) -> list[pa.Field]:
+    """Of the batch's `added` fields, those `present` (the table's schema) lacks, or holds in
+    another shape (a history table's RUN_EVENTS widened by a new untracked column): a retry
+    finds the rest in place."""
+    return [f for f in added if f.name not in present.names or _shape(present.field(f.name).type) != _shape(f.type)]
+
+
+def with_added(present: pa.Schema, added: list[pa.Field]) -> pa.Schema:
+    """The table's schema once the batch's `added` fields are in: a new field at the end, a
+    widened one in its place."""
+    widened = {f.name: f for f in added if f.name in present.names}
+    return pa.schema([*(widened.get(f.name, f) for f in present), *(f for f in added if f.name not in present.names)])
+
+
 def added_columns(stream: pa.Schema, table: pa.Schema, roles: Mapping[str, str], evolution: str) -> list[pa.Field]:
     """The stream's columns the table lacks, to add (nullable) in the batch's commit; raises
     SchemaError for a column the table has and the stream lacks, a type a cast would change
