@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     state = generate(landing, landing.parent / "demo-state.json", args.events, args.files)
     logging.info("run %s: wrote %s events to %s", state["runs"], state["last_events"], landing)
     started = time.perf_counter()
-    sink = run(args.config, once=True, metrics_port=port)
+    sink = run(args.config, once=True, metrics_port=port, stop=True)
     print(summarize(sink, cfg.sink.table_uri, time.perf_counter() - started), flush=True)
 
 

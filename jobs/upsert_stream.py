@@ -74,8 +74,10 @@ def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_sec
 
 
 def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None,
-        metrics_port: int | None = None) -> UpsertSink:
-    """`metrics_port`: instead of the config's."""
+        metrics_port: int | None = None, stop: bool = False) -> UpsertSink:
+    """`metrics_port`: instead of the config's; `stop`: stop Spark once the sink has released
+    its replicas (left to the process's exit, the executors were killed: hundreds of lines
+    of executor loss on a standalone cluster, and their replicas left dirty)."""
     cfg = load_job_config(config_path)
     if metrics_port is not None:
         cfg.sink = dataclasses.replace(cfg.sink, metrics_port=metrics_port)
@@ -96,6 +98,8 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         query.awaitTermination()
     finally:
         sink.close()
+        if stop:
+            spark.stop()
     return sink
 
 
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    run(args.config, args.once, args.trigger_seconds, args.master)
+    run(args.config, args.once, args.trigger_seconds, args.master, stop=True)
 
 
 if __name__ == "__main__":

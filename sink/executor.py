@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -39,7 +40,7 @@ from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
 from sink.errors import ReplicaLostError
-from sink.index import changelog, history_locations, worker_replicas
+from sink.index import changelog, history_locations, holder, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import expire_before, ordering_names
 from sink.index.lifecycle import (
@@ -55,6 +56,7 @@ from sink.index.loader import read_changes
 from sink.index.replica import (
     GLOBAL,
     ShardReplica,
+    close_kept_open,
     is_corruption,
     is_kept_open,
     replica_path,
@@ -330,6 +332,25 @@ def wait_caught_up(under: Path) -> list[dict]:
 def kept_open_dir(ctx: TaskContext) -> Path:
     """Where the replicas of `ctx`'s table are (kept open by driver tagging)."""
     return Path(ctx.index_root()) / ctx.table_id
+
+
+def release_replicas(ctx: TaskContext, _rows) -> Iterator[str]:
+    """A task of the job a stream's end runs (`UpsertSink.close`): the replicas of `ctx`'s
+    table on this executor checkpointed and closed, whichever of its Python workers keeps
+    them, so that Spark's stop leaves them clean (a worker killed first leaves its replicas
+    dirty, rebuilt by the next run). Yields which executor it ran on: its Python workers'
+    parent (the executor's worker daemon) on this host."""
+    table_dir = Path(ctx.index_root()) / ctx.table_id
+    close_kept_open(under=table_dir)  # this worker's own
+    for path in sorted(table_dir.glob("shard-*")):
+        held = holder.read(path)
+        if held is None or not held.alive():
+            continue  # closed, or left dirty by a process that is gone (rebuilt on its next open)
+        with ShardReplica.open_read_only(path) as view:
+            spec = view.spec
+        # The worker keeping it sees the open's release request, checkpoints it and lets go.
+        ShardReplica.open(path, spec).close()
+    yield f"{socket.gethostname()}:{os.getppid()}"
 
 
 def stats_table(ctx: TaskContext, stats: dict) -> pa.Table:

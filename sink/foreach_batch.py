@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -66,6 +66,7 @@ from sink.moves import keep_stored_values, placed
 from sink.outcomes import OUTCOMES, QUARANTINED, record_partitions
 from sink.placement import unplaced_deletes
 from sink.prepare import prepare, sql_string, tagged_schema, validate_stream, with_hidden_ordering
+from sink.release import release_executor_replicas
 from sink.report import BatchReport
 from sink.tagging import DELETE, INSERT, UPDATE
 from sink.tombstones import latest_per_key
@@ -113,6 +114,9 @@ class UpsertSink:
         self._validated = None
         self._on_driver: bool | None = None  # where tagging runs, resolved at the first batch
         self._kept_open_dir: Path | None = None  # this table's replicas kept open by driver tagging
+        # Executor tagging: the session and a batch's task context, to release the executors'
+        # replicas when the stream ends (`close`).
+        self._executors: tuple[SparkSession, TaskContext] | None = None
         self._changelog_uri: str | None = None
         self._changelog_swept: int | None = None  # version at the last retention sweep
         self._instance = uuid.uuid4().hex  # tables kept open for this object (sink.lakehouse.open_tables)
@@ -121,11 +125,16 @@ class UpsertSink:
         metrics.start(self.writer_id, OUTCOMES)
 
     def close(self) -> None:
-        """Close the replicas driver tagging keeps open between batches (the next batch
-        reopens them); call it once the query has ended. At exit they close anyway."""
+        """Close the replicas this sink's tagging keeps open between batches (the next batch
+        reopens them): the driver's, or with executor tagging the executors' Python workers'
+        (a Spark job asks them to checkpoint and let go). Call it once the query has ended,
+        before Spark stops: replicas of workers killed by the stop are rebuilt next run."""
         if self._kept_open_dir is not None:
             wait_caught_up(self._kept_open_dir)
             close_kept_open(under=self._kept_open_dir)
+        if self._executors is not None:
+            release_executor_replicas(*self._executors)
+            self._executors = None
         open_tables.forget(self._instance)
 
     def _num_shards(self, batch_df: DataFrame) -> int:
@@ -292,6 +301,8 @@ class UpsertSink:
                     ctx = self._task_context(batch_df, batch_id, num_shards, arrow_out, files, now)
                     if self._on_driver:
                         self._kept_open_dir = kept_open_dir(ctx)
+                    else:
+                        self._executors = (batch_df.sparkSession, ctx)
                 tombstones = (batch_id, now) if attempt == 0 and cfg.delete_when else None
                 tagged, tombstoned = self._tag(prepared, ctx, out_schema, added, report, tombstones)
                 with report.timed("split"):

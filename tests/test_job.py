@@ -117,3 +117,29 @@ def test_the_job_with_replicas_kept_open_exits_zero_and_quietly(tmp_path):
     assert "upsert batch batch=0" in run.stderr
     for noise in ("terminate called", "Traceback", "Exception ignored"):
         assert noise not in run.stderr
+
+
+def test_the_job_on_two_executors_ends_quietly_with_their_replicas_closed(tmp_path):
+    """local-cluster: the executors' Python workers keep their replicas open. The job used to
+    end with hundreds of lines of executor loss (exit code 143, 'Master removed our
+    application') and replicas left dirty, rebuilt by the next run. A job that ends normally
+    checkpoints and closes them before Spark stops, and stops Spark itself."""
+    import pyspark
+
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG.replace("metrics_port = 0", 'metrics_port = 0\ntag_on = "executors"\nnum_shards = 2'))
+    batches = random_batches(4, batches=2, per_batch=300, bad_share=0)
+    for i, events in enumerate(batches):
+        drop_file(tmp_path / "data" / "landing", f"f{i}.json", events)
+    env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PYSPARK_PYTHON": sys.executable}
+    run = subprocess.run([sys.executable, "-m", "jobs.upsert_stream", "--config", str(conf), "--once",
+                          "--master", "local-cluster[2,1,1024]"], cwd=Path(__file__).resolve().parent.parent,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert table_rows(str(tmp_path / "data" / "table")) == expected_rows(batches)
+    for noise in ("Lost executor", "exited with code", "Master removed our application", "Traceback"):
+        assert noise not in run.stderr, run.stderr[-3000:]
+    inspect = subprocess.run([sys.executable, "-m", "sink", "inspect", "--config", str(conf), "--json"],
+                             capture_output=True, text=True, timeout=120)
+    shards = json.loads(inspect.stdout)["shards"]
+    assert [(s["shard"], s["state"], s["clean"]) for s in shards] == [(0, "closed", True), (1, "closed", True)]
