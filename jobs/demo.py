@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     cfg = load_job_config(args.config)
-    port = cfg.sink.metrics_port if args.metrics_port is None else args.metrics_port
+    port = cfg.sinks[0].metrics_port if args.metrics_port is None else args.metrics_port
     try:
         metrics.check_port(port)  # before any event is written: a failed run must leave nothing behind
     except SinkError as e:
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     state = generate(landing, landing.parent / "demo-state.json", args.events, args.files)
     logging.info("run %s: wrote %s events to %s", state["runs"], state["last_events"], landing)
     started = time.perf_counter()
-    sink = run(args.config, once=True, metrics_port=port, stop=True)
-    print(summarize(sink, cfg.sink.table_uri, time.perf_counter() - started), flush=True)
+    (sink,) = run(args.config, once=True, metrics_port=port, stop=True)
+    print(summarize(sink, sink.config.table_uri, time.perf_counter() - started), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
-"""The ready job's config: the sink's `[sink]` table plus `[source]` and `[job]`."""
+"""The ready job's config: the sink's `[sink]` table (or several `[[sink]]` tables, each
+table fed from the one source by a query of its own) plus `[source]` and `[job]`."""
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jobs.envelopes import ENVELOPES
-from sink.config import SinkConfig
+from sink.config import SinkConfig, read_toml, sink_tables
 from sink.errors import ConfigError
 from sink.prepare import PARSED_FORMATS
 
@@ -77,28 +77,40 @@ class JobSettings:
 
 @dataclass
 class JobConfig:
-    sink: SinkConfig
+    sinks: list[SinkConfig]  # one query each, from the one source
     source: SourceConfig
     job: JobSettings
+
+    def __post_init__(self) -> None:
+        for name in ("table_uri", "checkpoint_dir"):
+            values = [getattr(s, name) for s in self.sinks]
+            repeated = sorted({v for v in values if v is not None and values.count(v) > 1})
+            if repeated:
+                raise ConfigError(f"[[sink]] tables share {name} {repeated}: each table needs its own table_uri "
+                                  "and its own checkpoint_dir (its query's checkpoint, and so its writer id)")
+        columns = {s.corrupt_record_column for s in self.sinks}
+        if len(columns) > 1:
+            raise ConfigError(f"[[sink]] tables name different corrupt_record_column values {sorted(columns)}: the "
+                              "one source is read with one corrupt-record column; name the same in every table")
+
+    @property
+    def corrupt_record_column(self) -> str:
+        """The source's corrupt-record column, the one every sink quarantines on."""
+        return self.sinks[0].corrupt_record_column
 
 
 def load_job_config(path: str | Path) -> JobConfig:
     path = Path(path)
     base = path.resolve().parent
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise ConfigError(f"config file not found: {path}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    for table in ("sink", "source"):
-        if table not in doc:
-            raise ConfigError(f"{path}: no [{table}] table")
+    doc = read_toml(path)
+    sinks = sink_tables(doc, path)
+    if "source" not in doc:
+        raise ConfigError(f"{path}: no [source] table")
     source = dict(doc["source"])
     if "path" in source:
         source["path"] = _resolve(source["path"], base)
     return JobConfig(
-        sink=SinkConfig.from_dict(doc["sink"], base_dir=base),
+        sinks=[SinkConfig.from_dict(s, base_dir=base) for s in sinks],
         source=_build(SourceConfig, source, "source"),
         job=_build(JobSettings, doc.get("job", {}), "job"),
     )

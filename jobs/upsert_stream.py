@@ -36,7 +36,7 @@ def source_schema(cfg: JobConfig) -> tuple[StructType, dict[str, str]]:
     schema = StructType.fromDDL(src.schema)
     options = dict(src.options)
     if src.format in PARSED_FORMATS and src.corrupt_records:
-        name = cfg.sink.corrupt_record_column
+        name = cfg.corrupt_record_column
         if name not in schema.fieldNames():
             schema = schema.add(name, StringType(), True)
         options["columnNameOfCorruptRecord"] = name
@@ -54,7 +54,8 @@ def selected(stream, select: list[str], corrupt_column: str):
     return out
 
 
-def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
+def source_stream(spark, cfg: JobConfig):
+    """The source as the sinks see it: read, its envelope flattened, selected."""
     src = cfg.source
     schema, options = source_schema(cfg)
     reader = spark.readStream.format(src.format).schema(schema).options(**options)
@@ -62,27 +63,36 @@ def build_query(spark, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_sec
         reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
     stream = reader.load(src.path)
     if src.envelope == "debezium":
-        stream = selected(stream, debezium_select(schema), cfg.sink.corrupt_record_column)
-    stream = selected(stream, src.select, cfg.sink.corrupt_record_column)
+        stream = selected(stream, debezium_select(schema), cfg.corrupt_record_column)
+    return selected(stream, src.select, cfg.corrupt_record_column)
+
+
+def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
+    """One table's query: its own checkpoint (so its own progress and writer id)."""
     sink.validate(stream)  # a config naming a missing column fails here, before any batch
-    writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", cfg.sink.checkpoint_dir)
+    writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", sink.config.checkpoint_dir)
     if once:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{trigger_seconds or cfg.job.trigger_seconds} seconds")
-    return writer.queryName(cfg.job.app_name).start()
+    name = cfg.job.app_name if len(cfg.sinks) == 1 else f"{cfg.job.app_name}:{sink.config.table_uri}"
+    return writer.queryName(name).start()
 
 
 def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None,
-        metrics_port: int | None = None, stop: bool = False) -> UpsertSink:
-    """`metrics_port`: instead of the config's; `stop`: stop Spark once the sink has released
-    its replicas (left to the process's exit, the executors were killed: hundreds of lines
+        metrics_port: int | None = None, stop: bool = False) -> list[UpsertSink]:
+    """Every `[[sink]]` table's query on one Spark session, until they end (`once`: each
+    processes what is there) or one fails (the others are stopped, the error raised).
+    `metrics_port`: instead of the config's; `stop`: stop Spark once the sinks have released
+    their replicas (left to the process's exit, the executors were killed: hundreds of lines
     of executor loss on a standalone cluster, and their replicas left dirty)."""
     cfg = load_job_config(config_path)
     if metrics_port is not None:
-        cfg.sink = dataclasses.replace(cfg.sink, metrics_port=metrics_port)
-    if not cfg.sink.checkpoint_dir:
-        raise SystemExit("set sink.checkpoint_dir in the config: the query needs a checkpoint location")
+        cfg.sinks = [dataclasses.replace(s, metrics_port=metrics_port) for s in cfg.sinks]
+    unset = [s.table_uri for s in cfg.sinks if not s.checkpoint_dir]
+    if unset:
+        raise SystemExit(f"set checkpoint_dir for {unset} in the config: each table's query needs a checkpoint "
+                         "location")
     log.info("starting Spark (%s); a local session takes 10-30 s", master or cfg.job.master or "spark-submit's master")
     started = time.monotonic()
     spark = spark_session(cfg.job.app_name, master or cfg.job.master)
@@ -90,17 +100,28 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     log.info("Spark ready in %.0f s", time.monotonic() - started)
     if "://" not in cfg.source.path:
         Path(cfg.source.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
-    sink = UpsertSink(cfg.sink)
-    query = build_query(spark, cfg, sink, once, trigger_seconds)
-    log.info("query %s started: %s -> %s (writer_id %s)", query.id, cfg.source.path,
-             cfg.sink.table_uri, sink.writer_id)
+    sinks = [UpsertSink(s) for s in cfg.sinks]
+    stream = source_stream(spark, cfg)
+    queries = []
     try:
-        query.awaitTermination()
+        for sink in sinks:
+            queries.append(start_query(stream, cfg, sink, once, trigger_seconds))
+            log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, cfg.source.path,
+                     sink.config.table_uri, sink.writer_id)
+        if once:
+            for query in queries:
+                query.awaitTermination()
+        else:
+            spark.streams.awaitAnyTermination()  # raises the failed query's error
     finally:
-        sink.close()
+        for query in queries:
+            if query.isActive:
+                query.stop()
+        for sink in sinks:
+            sink.close()
         if stop:
             spark.stop()
-    return sink
+    return sinks
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,7 +55,7 @@ class Context:
 
 
 def _context(args) -> Context:
-    cfg = SinkConfig.from_file(args.config).as_stored()
+    cfg = SinkConfig.from_file(args.config, args.sink).as_stored()
     if not DeltaTable.is_deltatable(cfg.table_uri):
         raise SinkError(f"no Delta table at {cfg.table_uri} (table_uri in {args.config})")
     root = Path(args.index_dir or cfg.index_dir or default_index_root())
@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                                               "older than tombstone_ttl_hours")]:
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="TOML file with a [sink] table")
+        p.add_argument("--sink", metavar="TABLE", help="with several [[sink]] tables: which, by its table_uri as "
+                                                       "written or its position from 0")
         p.add_argument("--index-dir", help="replicas' root (default: the config's, else Spark's local dir)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if name in ("inspect", "verify"):

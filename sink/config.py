@@ -122,12 +122,23 @@ class SinkConfig:
         self.validate()
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> SinkConfig:
-        """Read the `[sink]` table of a TOML file; relative paths resolve against the file."""
-        doc = _read_toml(path)
-        if "sink" not in doc:
-            raise ConfigError(f"{path}: no [sink] table")
-        return cls.from_dict(doc["sink"], base_dir=Path(path).resolve().parent)
+    def from_file(cls, path: str | os.PathLike[str], table: str | None = None) -> SinkConfig:
+        """Read the `[sink]` table of a TOML file; relative paths resolve against the file. A
+        file with several `[[sink]]` tables (the ready job's) names one by `table`: its
+        position (from 0) or its `table_uri` as written."""
+        doc = read_toml(path)
+        tables = sink_tables(doc, path)
+        if table is None:
+            if len(tables) > 1:
+                raise ConfigError(f"{path} has {len(tables)} [[sink]] tables ({[t.get('table_uri') for t in tables]}): "
+                                  "name one (--sink <position or table_uri>)")
+            chosen = tables[0]
+        else:
+            chosen = next((t for i, t in enumerate(tables) if table in (str(i), t.get("table_uri"))), None)
+            if chosen is None:
+                raise ConfigError(f"{path} has no [[sink]] table {table!r}; its tables: "
+                                  f"{[t.get('table_uri') for t in tables]} (or their positions from 0)")
+        return cls.from_dict(chosen, base_dir=Path(path).resolve().parent)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], base_dir: Path | None = None) -> SinkConfig:
@@ -351,7 +362,17 @@ _PATH_KEYS = ("table_uri", "checkpoint_dir", "index_dir", "quarantine_table_uri"
               "changelog_uri")
 
 
-def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+def sink_tables(doc: dict[str, Any], path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """A config file's sink tables: one `[sink]`, or several `[[sink]]`."""
+    tables = doc.get("sink")
+    if isinstance(tables, dict):
+        return [tables]
+    if not tables or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{path}: no [sink] table (or [[sink]] tables)")
+    return tables
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

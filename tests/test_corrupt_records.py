@@ -72,7 +72,7 @@ def test_a_string_in_a_bigint_column_keeps_the_stored_value_and_quarantines_the_
     negative = json.dumps(order(5, 52, -300))
     good = order(3, 53, 3333)
     drop(landing, "f1.json", [wrong_type, malformed, negative, json.dumps(good)])
-    sink = run(str(conf), once=True)
+    (sink,) = run(str(conf), once=True)
 
     # Independent expectation: the snapshot, then the only record that parsed and passed the rule.
     expected = {o["order_id"]: o["total_cents"] for o in snapshot} | {3: 3333}
@@ -90,7 +90,7 @@ def test_csv_drops_are_read_with_the_corrupt_record_column_too(spark, tmp_path):
     drop(landing, "f0.csv", [header, "1,2025-07,10,u,100", "2,2025-07,11,u,200"])
     run(str(conf), once=True)
     drop(landing, "f1.csv", [header, "1,2025-07,20,u,12x", "2,2025-07,21,u,250"])
-    sink = run(str(conf), once=True)
+    (sink,) = run(str(conf), once=True)
     assert rows(table, "order_id", "total_cents") == [(1, 100), (2, 250)]
     quarantine = DeltaTable(sink.config.resolved_quarantine_uri).to_pyarrow_table().to_pylist()
     assert [(r["_corrupt_record"], r["_quarantine_reason"]) for r in quarantine] == [("1,2025-07,20,u,12x", CORRUPT)]

@@ -11,7 +11,8 @@ from jobs.job_config import SOURCE_FORMATS, load_job_config
 from jobs.upsert_stream import run
 from sink import SchemaError
 from sink.errors import ConfigError
-from tests.oracle import expected_rows, random_batches
+from tests.oracle import expected_history, expected_rows, random_batches
+from tests.scaleout_stream import history_rows
 
 pytestmark = pytest.mark.spark
 
@@ -55,17 +56,80 @@ def test_job_processes_new_files_once_and_continues_after_a_restart(spark, tmp_p
     batches = random_batches(7, batches=4, per_batch=200)
     for i in range(2):
         drop_file(landing, f"f{i}.json", batches[i])
-    first = run(str(conf), once=True)
+    (first,) = run(str(conf), once=True)
     assert [r.batch_id for r in first.reports] == [0, 1]  # one file per trigger
     table_uri = str(tmp_path / "data" / "table")
     assert table_rows(table_uri) == expected_rows(batches[:2])
 
     for i in range(2, 4):
         drop_file(landing, f"f{i}.json", batches[i])
-    second = run(str(conf), once=True)  # a restart: same checkpoint, only the new files
+    (second,) = run(str(conf), once=True)  # a restart: same checkpoint, only the new files
     assert [r.batch_id for r in second.reports] == [2, 3]
     assert sum(r.records_in for r in second.reports) == 400
     assert table_rows(table_uri) == expected_rows(batches)
+
+
+TWO_TABLES = """
+[[sink]]
+table_uri = "data/current"
+key = ["id"]
+partition_by = ["dt"]
+ordering = "ts"
+delete_when = "op = 'd'"
+checkpoint_dir = "data/checkpoint-current"
+index_dir = "data/index"
+metrics_port = 0
+
+[[sink]]
+table_uri = "data/history"
+key = ["id"]
+partition_by = ["dt"]
+ordering = "ts"
+delete_when = "op = 'd'"
+scd_type = 2
+checkpoint_dir = "data/checkpoint-history"
+index_dir = "data/index"
+metrics_port = 0
+
+[source]
+format = "json"
+path = "data/landing"
+schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
+max_files_per_trigger = 1
+"""
+
+
+def test_one_job_feeds_several_tables_from_one_source_each_with_its_own_checkpoint(spark, tmp_path, capsys):
+    """A current-state table and its SCD type 2 history from one feed: one Spark start-up, a
+    query per table, each continuing from its own checkpoint after a restart."""
+    from sink.cli import main as cli
+
+    conf = tmp_path / "sink.toml"
+    conf.write_text(TWO_TABLES)
+    landing = tmp_path / "data" / "landing"
+    batches = random_batches(8, batches=3, per_batch=200)
+    for i in range(2):
+        drop_file(landing, f"f{i}.json", batches[i])
+    current, history = run(str(conf), once=True)
+    assert [r.batch_id for r in current.reports] == [0, 1] and [r.batch_id for r in history.reports] == [0, 1]
+    drop_file(landing, "f2.json", batches[2])
+    current, history = run(str(conf), once=True)
+    assert [r.batch_id for r in current.reports] == [2] and [r.batch_id for r in history.reports] == [2]
+    assert table_rows(str(tmp_path / "data" / "current")) == expected_rows(batches)
+    assert history_rows(str(tmp_path / "data" / "history")) == expected_history(batches)
+    assert current.writer_id != history.writer_id
+
+    assert cli(["contract", "--config", str(conf), "--sink", "1"]) == 0
+    assert "scd_type" not in capsys.readouterr().err
+    assert cli(["inspect", "--config", str(conf)]) == 2
+    assert "has 2 [[sink]] tables (['data/current', 'data/history']): name one (--sink" in capsys.readouterr().err
+
+
+def test_several_tables_need_their_own_checkpoint(tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text(TWO_TABLES.replace("checkpoint-history", "checkpoint-current"))
+    with pytest.raises(ConfigError, match=r"share checkpoint_dir .*each table needs its own"):
+        load_job_config(conf)
 
 
 def test_job_fails_before_the_first_batch_when_a_column_is_missing(spark, tmp_path):
@@ -99,7 +163,7 @@ def test_the_shipped_example_config_loads():
 
     conf = Path(__file__).resolve().parent.parent / "conf" / "sink.toml"
     cfg = load_job_config(conf)
-    assert cfg.sink.key == ["event_id"] and cfg.source.format == "json"
+    assert [s.key for s in cfg.sinks] == [["event_id"]] and cfg.source.format == "json"
     # Its comment lists the formats the job reads.
     line = next(ln for ln in conf.read_text().splitlines() if ln.startswith("format ="))
     assert line.split("#", 1)[1].split() == " | ".join(SOURCE_FORMATS).split()
