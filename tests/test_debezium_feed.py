@@ -144,7 +144,7 @@ def test_a_debezium_feed_through_the_ready_job_matches_the_oracle_after_every_ru
     for i, chunk in enumerate(files):
         lines = [json.dumps(e) if e is not bad_event else bad_line for e, _ in chunk]
         drop(landing, f"f{i}.json", lines)
-        sink = run(str(conf), once=True)
+        (sink,) = run(str(conf), once=True)
         reports += sink.reports
         applied += [(e, k) for e, k in chunk if e is not bad_event]
         assert table(uri) == oracle(applied), f"after file {i}"

@@ -69,34 +69,14 @@ def test_job_processes_new_files_once_and_continues_after_a_restart(spark, tmp_p
     assert table_rows(table_uri) == expected_rows(batches)
 
 
-TWO_TABLES = """
-[[sink]]
-table_uri = "data/current"
-key = ["id"]
-partition_by = ["dt"]
-ordering = "ts"
-delete_when = "op = 'd'"
-checkpoint_dir = "data/checkpoint-current"
-index_dir = "data/index"
-metrics_port = 0
+def _sink_table(table: str, extra: str = "") -> str:
+    """CONFIG's [sink] as one [[sink]] table of its own table and checkpoint."""
+    body = CONFIG.split("[source]")[0].replace("[sink]", "[[sink]]")
+    return body.replace('"data/table"', f'"data/{table}"').replace('"data/checkpoint"',
+                                                                   f'"data/checkpoint-{table}"') + extra
 
-[[sink]]
-table_uri = "data/history"
-key = ["id"]
-partition_by = ["dt"]
-ordering = "ts"
-delete_when = "op = 'd'"
-scd_type = 2
-checkpoint_dir = "data/checkpoint-history"
-index_dir = "data/index"
-metrics_port = 0
 
-[source]
-format = "json"
-path = "data/landing"
-schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
-max_files_per_trigger = 1
-"""
+TWO_TABLES = _sink_table("current") + _sink_table("history", "scd_type = 2\n") + "[source]" + CONFIG.split("[source]")[1]
 
 
 def test_one_job_feeds_several_tables_from_one_source_each_with_its_own_checkpoint(spark, tmp_path, capsys):
