@@ -76,7 +76,8 @@ def _sink_table(table: str, extra: str = "") -> str:
                                                                    f'"data/checkpoint-{table}"') + extra
 
 
-TWO_TABLES = _sink_table("current") + _sink_table("history", "scd_type = 2\n") + "[source]" + CONFIG.split("[source]")[1]
+TWO_TABLES = (_sink_table("current") + _sink_table("history", "scd_type = 2\n") + "[source]"
+              + CONFIG.split("[source]")[1])
 
 
 def test_one_job_feeds_several_tables_from_one_source_each_with_its_own_checkpoint(spark, tmp_path, capsys):

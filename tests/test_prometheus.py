@@ -106,7 +106,7 @@ path = "{landing}"
 schema = "id STRING, dt STRING, ts BIGINT, op STRING"
 max_files_per_trigger = 1
 """)
-    sink = run(str(conf), once=True)
+    (sink,) = run(str(conf), once=True)
     assert [r.batch_id for r in sink.reports] == [0, 1]
 
     expected = {
