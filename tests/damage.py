@@ -1,6 +1,7 @@
 """Ways a replica's files get damaged on disk, for the tests."""
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -25,3 +26,13 @@ def flip_bytes(replica_dir: Path) -> None:
         for offset in range(size // 10, size // 2, 256):
             f.seek(offset)
             f.write(b"\xff" * 8)
+
+
+def lose(index_dir: Path) -> None:
+    """The replicas under `index_dir` are lost, as an operator's rm removes them. Moved away
+    first, at once: a Python worker checkpointing a replica it keeps open writes new files
+    into its directory, and a removal in place then fails with 'Directory not empty' (the
+    worker's writes land in the moved directory, which it still holds)."""
+    gone = Path(index_dir).with_name(Path(index_dir).name + "-lost")
+    os.rename(index_dir, gone)
+    shutil.rmtree(gone, ignore_errors=True)

@@ -1,4 +1,3 @@
-import shutil
 
 import pytest
 from deltalake import DeltaTable
@@ -6,6 +5,7 @@ from prometheus_client import REGISTRY
 
 from sink import SchemaError, SinkConfig, UpsertSink, WriterIdReusedError
 from sink.keys import shard_of
+from tests import damage
 from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -42,7 +42,7 @@ def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_repl
         if b in (2, 5):
             sink = UpsertSink(cfg)  # a query restart: a new sink object, same replica on disk
         if b in (3, 5):
-            shutil.rmtree(tmp_path / "index")  # the replica is lost: costs time, never correctness
+            damage.lose(tmp_path / "index")  # the replica is lost: costs time, never correctness
         sink(frame(spark, events), b)
         report = sink.reports[-1]
         assert report.mode in ("append", "rewrite")

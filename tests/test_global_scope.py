@@ -3,7 +3,6 @@ late events end exact against an independent oracle, through restarts, replays, 
 replicas and another writer's commits."""
 
 import dataclasses
-import shutil
 
 import pyarrow as pa
 import pytest
@@ -12,6 +11,7 @@ from prometheus_client import REGISTRY
 
 from sink import ContractMismatchError, SinkConfig, UpsertSink
 from sink.index.replica import KEY_FILTER_FILE
+from tests import damage
 from tests.oracle import SCHEMA, Event, expected_global_rows, random_global_batches, taken_back, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -42,7 +42,7 @@ def test_a_global_stream_matches_the_oracle_through_restarts_replays_and_lost_re
         if b in (2, 5):
             sink = UpsertSink(cfg)  # a restart
         if b in (3, 5):
-            shutil.rmtree(tmp_path / "index")  # the replica is lost
+            damage.lose(tmp_path / "index")  # the replica is lost
         sink(frame(spark, events), b)
         report = sink.reports[-1]
         assert report.ops["quarantined"] == 0  # key-only deletes are not bad input in global scope
