@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 
@@ -32,7 +33,8 @@ def lose(index_dir: Path) -> None:
     """The replicas under `index_dir` are lost, as an operator's rm removes them. Moved away
     first, at once: a Python worker checkpointing a replica it keeps open writes new files
     into its directory, and a removal in place then fails with 'Directory not empty' (the
-    worker's writes land in the moved directory, which it still holds)."""
-    gone = Path(index_dir).with_name(Path(index_dir).name + "-lost")
+    worker's writes land in the moved directory, which it still holds: its close flushes
+    there, so the removal may leave files behind)."""
+    gone = Path(index_dir).with_name(f"{Path(index_dir).name}-lost-{uuid.uuid4().hex}")  # lost more than once
     os.rename(index_dir, gone)
     shutil.rmtree(gone, ignore_errors=True)
