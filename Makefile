@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run submit test lint bench bench-quick check-java test-tools clean-data
+.PHONY: run submit test docs lint bench bench-quick check-java test-tools clean-data
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
@@ -31,7 +31,12 @@ run: $(STAMP)
 	$(PY) -m jobs.demo $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 test: $(STAMP) test-tools
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest -q
+
+# The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000 while it runs.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The real Prometheus scrape test needs Debian's prometheus package (promtool too).
 test-tools:
@@ -57,7 +62,7 @@ bench-quick: $(STAMP)
 	$(PY) -m bench.run --quick
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check sink jobs tests
+	$(VENV)/bin/ruff check sink jobs tests bench docs
 
 clean-data:
 	rm -rf data/demo

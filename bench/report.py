@@ -1,4 +1,4 @@
-"""Markdown tables from a bench/results JSON (what the README's Performance section quotes).
+"""Markdown tables from a bench/results JSON (the docs' Performance page renders them).
 
     python -m bench.report bench/results/full-<date>.json
 """

@@ -30,93 +30,134 @@ class SinkConfig:
     """What the sink writes where. Field names are the keys of the TOML `[sink]` table."""
 
     table_uri: str
+    """Delta table (path or URI); created on the first batch from the stream's schema."""
     key: list[str]
-    # The ordering column, or several compared in order (the first, then the next on a tie).
+    """Key columns (string, integer, date, boolean). May include partition columns, as a natural
+    key often does (`["store_id", "sku"]` with `partition_by = ["store_id"]`), but not only those."""
     ordering: str | list[str]
+    """Ordering column (timestamp, date, integer); the highest value wins. A list (`["ts", "seq"]`)
+    compares its columns in order, the next one only on a tie, like AUTO CDC's
+    `SEQUENCE BY STRUCT(ts, seq)`; the table records the list, so changing it is a contract change."""
     partition_by: list[str] = field(default_factory=list)
-    # Stream columns that route and classify records (e.g. an op code) but are not stored.
+    """Partition columns (string, integer, date, boolean); may be empty."""
     except_columns: list[str] = field(default_factory=list)
+    """Stream columns that route and classify records (an op code, say) but are not stored, like
+    AUTO CDC's `except_column_list`; never a key or partition column. An ordering column named
+    here is kept in the reserved column `__ordering_<name>` instead (Delta has no hidden
+    columns); moving one in or out on an existing table is refused (the contract records it)."""
     delete_when: str | None = None
-    # Spark SQL boolean expression for records that must not be written (value rules the user
-    # knows, e.g. "total_cents < 0"): they go to quarantine with the expression as the reason.
+    """Spark SQL boolean expression marking a delete, e.g. `"op = 'd'"`."""
     quarantine_when: str | None = None
-    # Spark's corrupt-record column (the reader's columnNameOfCorruptRecord): when the stream
-    # has it, records where it is set (a value that did not parse as its type, which PERMISSIVE
-    # reading turns into a null; a malformed line) go to quarantine with their raw text. Never stored.
+    """Spark SQL boolean expression for records that must not be written (value rules the user
+    knows, e.g. `"total_cents < 0"`): they go to quarantine with the reason
+    `quarantine_when: <expression>` (a null result passes)."""
     corrupt_record_column: str = "_corrupt_record"
-    # Partial updates: an update's null columns keep the stored value (a delete still removes the row).
+    """Spark's corrupt-record column (the reader's `columnNameOfCorruptRecord`): when the stream has
+    it, records where it is set (a value that did not parse as its type, which PERMISSIVE reading
+    turns into a null; a malformed line) go to quarantine with their raw text. Never stored."""
     ignore_null_updates: bool = False
+    """Partial updates, like AUTO CDC's `ignore_null_updates`: an update's null columns keep the
+    stored value. A key's records in one batch fold in order; a delete still removes the row,
+    and an upsert after it starts from nulls; in a history table nulls fill in sequence order."""
     scope: str = "partitioned"
+    """`"partitioned"`: a key is unique within its partition; `"global"`: unique across the table."""
     checkpoint_dir: str | None = None
+    """The query's checkpoint location; the writer id is derived from it."""
     writer_id: str | None = None
+    """Stable Delta app id of this writer (the app transaction of every commit).
+    Default: derived from the table and the checkpoint."""
     index_dir: str | None = None
+    """Where shard replicas live. Default: `<Spark local dir>/upsert-sink-index`."""
     num_shards: int | None = None
+    """Index shards = tagging tasks per batch. Default: Spark's default parallelism."""
     bootstrap_days: int = 7
+    """A new or unusable replica loads the partitions of the last N days."""
     partition_ttl_hours: int = 168
-    # How a partition's date is read: a date column, a string column parsed with
-    # partition_date_format, or [year, month, day] columns. None: detected from the
-    # partition columns (a date column, year/month/day, or one '%Y-%m-%d' string column).
+    """Partitions not accessed for this long are evicted from a replica."""
     partition_date: str | list[str] | None = None
+    """How a partition's date is read: a date column, a string column parsed with
+    `partition_date_format`, or `[year, month, day]` columns.
+    Default: detected from the partition columns (a date column, year/month/day, or one
+    `%Y-%m-%d` string column)."""
     partition_date_format: str = "%Y-%m-%d"
-    # For partitions without a date: the column whose max value (Delta file statistics)
-    # dates the partition.
+    """`strptime` format of string partition dates (`"%Y-%m"` for month partitions); a bootstrap
+    that finds no value parsing under it, and no `tiering_column` value, logs a warning."""
     tiering_column: str | None = None
-    # Disk budget of one shard replica; least recently used partitions go first.
+    """For partitions without a date: the column whose max value (Delta file statistics) dates
+    the partition."""
     index_max_bytes: int | None = None
-    # Entries kept in memory per shard replica (and Python worker) in front of RocksDB; 0 = off.
+    """Disk budget of one shard replica; least recently used partitions go first (partitioned
+    scope only)."""
     hot_cache_entries: int = 200_000
-    # Entries per shard replica (and Python worker) of the keyspaces held whole in memory:
-    # those a batch looks up most answer without RocksDB; 0 = off.
+    """Entries kept in memory per shard replica (and Python worker) in front of RocksDB; 0 = off."""
     resident_keys: int = 1_000_000
-    # Partitioned scope: new keys per shard and batch looked up in the replica's other held
-    # partitions, to signal keys that get a second row in another partition; 0 = off.
+    """Entries per shard replica (and Python worker) of the keyspaces held whole in memory: those a
+    batch looks up most answer without RocksDB; 0 = off."""
     cross_partition_check: int = 1000
-    # Partitioned scope: a partition the replica does not hold, of which a shard's records
-    # in a batch name at most this many keys, is read for those keys alone instead of loaded
-    # (named again within partition_ttl_hours, it loads); 0 = always load. More keys than a
-    # handful in one batch: the partition is being written to, and loads at once.
+    """Partitioned scope: new keys per shard and batch looked up in the replica's other held
+    partitions, to signal keys that get a second row in another partition; 0 = off."""
     peek_max_keys: int = 4
-    # RocksDB block cache shared by the replicas of one process.
+    """Partitioned scope: a partition the replica does not hold, of which a shard's records in a
+    batch name at most this many keys, is read for those keys alone instead of loaded (named
+    again within `partition_ttl_hours`, it loads); 0 = always load. More keys than a handful in
+    one batch: the partition is being written to, and loads at once."""
     index_block_cache_bytes: int = 64 << 20
-    # Data files the driver wrote (driver tagging), held in memory so the next batch's rewrite
-    # of them (updates of recent keys reach every file of the newest partitions) skips reading
-    # them back; 0 = off. Spark's writing tasks hold none: which Python worker gets a
-    # partition's writes changes from batch to batch, and executors' memory is tighter.
+    """RocksDB block cache shared by the replicas of one process (bloom filters and a data-block
+    hash index are always on)."""
     file_cache_bytes: int = 256 << 20
-    # Where tagging runs: in Spark tasks next to executor-local replicas, or in the driver
-    # process (replicas on the driver's disk; saves the shuffle on a single machine); auto:
-    # the driver under a local master (one process runs everything), else the executors.
+    """Data files the driver wrote (driver tagging), held in memory so the next batch's rewrite of
+    them skips reading them back; 0 = off. Spark's writing tasks hold none: which Python worker
+    gets a partition's writes changes from batch to batch, and executors' memory is tighter."""
     tag_on: str = "auto"
+    """Where tagging runs: `"executors"` (Spark tasks next to executor-local replicas), `"driver"`
+    (the driver process: no shuffle, replicas on the driver's disk), or `"auto"`: the driver
+    under a local master (`local`, `local[N]`), else the executors."""
     engine: str = "deltalake"
+    """The Delta engine: `"deltalake"` (delta-rs); `"delta-spark"` is not implemented yet."""
     metrics_port: int = 9466
-    # Which record wins when the incoming ordering value equals the stored one.
+    """Prometheus endpoint on the driver; 0 = off."""
     ties: str = "incoming"
+    """Which record wins when the incoming ordering value equals the stored one: `"incoming"` or
+    `"existing"`."""
     quarantine_table_uri: str | None = None
-    # Deleted keys and their ordering, so a late older update stays deleted after a reload.
+    """Where bad records go, with their reason. Default: `<table_uri>_quarantine`."""
     tombstone_table_uri: str | None = None
-    # Deletes older than this stop shielding their key from late older updates, and
-    # `python -m sink compact-tombstones` drops their rows; None: kept forever. Fractions of
-    # an hour down to one second (DLT sets its tombstone GC threshold in seconds).
+    """Deleted keys and their ordering, so a late older update stays deleted after a reload.
+    Default: `<table_uri>_tombstones`."""
     tombstone_ttl_hours: float | None = None
-    # Index entries of each batch by shard, so a replica that did not tag a batch (the shard's
-    # task ran on another executor) catches up without reloading; kept for this many table versions.
+    """Deletes older than this stop shielding their key from late older updates, and
+    `python -m sink compact-tombstones` drops their rows; unset: kept forever. Fractions of an
+    hour count, down to one second (`0.5` = 30 minutes; DLT sets its tombstone GC threshold in
+    seconds)."""
     changelog_uri: str | None = None
+    """Index entries of each batch by shard, so a replica that did not tag a batch (the shard's
+    task ran on another executor) catches up without reloading.
+    Default: `<table_uri>_index_changelog`."""
     changelog_retention_versions: int = 1000
+    """Changelog entries of batches that read a version this much older than the latest are
+    deleted."""
     max_commit_retries: int = 3
-    # A batch with updated or deleted keys: "auto" rewrites the files holding them and commits
-    # the new files (falling back to MERGE, logged, on tables with features a rewrite cannot
-    # honour: deletion vectors, column mapping, change data feed, constraints, generated
-    # columns); "merge": always delta-rs' MERGE.
+    """After another writer's commit got in first: commit again (or tag again, when it touched
+    the batch's partitions) this many times, then fail naming the other writer."""
     commit_mode: str = "auto"
-    # A stream column the table lacks: added to the table in the batch's commit, or refused.
+    """A batch with updated or deleted keys: `"auto"` rewrites the files holding them and commits
+    the new files (falling back to MERGE, logged, on tables with features a rewrite cannot
+    honour: deletion vectors, column mapping, change data feed, constraints, generated
+    columns); `"merge"`: always delta-rs' MERGE."""
     schema_evolution: str = "add_columns"
-    # 1: one row per key, its latest state. 2: a history table (AUTO CDC's STORED AS SCD TYPE 2),
-    # one row per version of a key, valid from __START_AT until __END_AT (null: current).
+    """A stream column the table lacks: `"add_columns"` adds it (nullable) with the batch's commit,
+    `"fail"` refuses the batch."""
     scd_type: int = 1
-    # scd_type = 2: the stored columns whose change opens a version (default: all but the key,
-    # partition and ordering columns), or those whose change only updates the current one.
+    """`1`: one row per key, its latest state. `2`: a history table (AUTO CDC's STORED AS SCD TYPE
+    2), one row per version of a key, valid from `__START_AT` until `__END_AT` (null: current)."""
     track_history_columns: list[str] | None = None
+    """`scd_type = 2`: the stored columns whose change opens a version; a change of the others
+    only updates the current one (AUTO CDC's `TRACK HISTORY ON (...)`).
+    Default: every stored column but the key and partition ones, the ordering column included
+    when it is stored, as in AUTO CDC (global scope: the partition columns are tracked too)."""
     track_history_except_columns: list[str] | None = None
+    """`scd_type = 2`: the stored columns whose change does not open a version
+    (`TRACK HISTORY ON * EXCEPT (...)`); not with `track_history_columns`."""
 
     def __post_init__(self) -> None:
         self.validate()

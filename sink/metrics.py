@@ -1,4 +1,4 @@
-"""Prometheus metrics of the sink, published on the driver (listed in the README's Monitoring section)."""
+"""Prometheus metrics of the sink, published on the driver (listed on the docs' Monitoring page)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The README's commands run verbatim from the repo once `make run` or `make test` made .venv."""
+"""The commands of the README and the docs pages run verbatim from the repo once `make run` or
+`make test` made .venv."""
 
 import re
 import shlex
@@ -11,11 +12,18 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_BLOCK = "pip install ."  # "Deploying": needs a cluster, not this machine
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    blocks = [block for page in PAGES for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)]
     lines = [line.split("#")[0].strip() for block in blocks if CLUSTER_BLOCK not in block
              for line in block.splitlines()]
     return [line for line in lines if line]
+
+
+def test_the_docs_pages_are_read_here():
+    assert len(PAGES) > 10 and any("python -m sink verify" in c for c in readme_commands())
 
 
 def test_every_command_is_a_make_target_or_a_venv_program():
