@@ -74,7 +74,7 @@ from sink.placement import AMBIGUOUS, PLACEMENTS, place_deletes, unplaced_delete
 from sink.tagging import DELETE, INSERT, TOMBSTONE, tag, tag_global
 from sink.writing import HISTORY_EVENT
 
-log = logging.getLogger("sink")
+log = logging.getLogger(__name__)
 
 INDEX_SUBDIR = "upsert-sink-index"
 # A valid delete record, passed on to the driver for the tombstone table (write_files).

@@ -72,7 +72,7 @@ from sink.tagging import DELETE, INSERT, UPDATE
 from sink.tombstones import latest_per_key
 from sink.writing import FILE_OP, INSERT_SPLIT, WriteContext, Written, read_written, write_batches
 
-log = logging.getLogger("sink")
+log = logging.getLogger(__name__)
 
 # A lost executor's tasks that Spark would not re-run alone: the job runs again, this many times.
 JOB_RERUNS = 2

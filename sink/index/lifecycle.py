@@ -20,7 +20,7 @@ from sink.index.loader import read_global, read_partition
 from sink.index.replica import GLOBAL, ShardReplica
 from sink.ordering import columns_of
 
-log = logging.getLogger("sink.index")
+log = logging.getLogger(__name__)
 
 LOAD_THREADS = 4
 LOAD_ATTEMPTS = 3

@@ -68,7 +68,7 @@ from sink.index.key_filter import KeyFilter, hashes, read_saved, saved_bytes
 from sink.index.resident import Resident
 from sink.ordering import columns_of
 
-log = logging.getLogger("sink.index")
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = "2"  # 2: deleted entries carry their delete's time
 PARTITION_CF_PREFIX = "p:"

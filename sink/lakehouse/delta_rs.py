@@ -25,7 +25,7 @@ from sink.ordering import columns_of
 __all__ = ["COMMIT_KINDS", "PARTIAL_COLUMN", "WRITE_COLUMN", "CommitFailedError", "CommitOutcome", "DeltaTarget",
            "append_once", "rows_in"]
 
-log = logging.getLogger("sink")
+log = logging.getLogger(__name__)
 
 # How a batch's commit landed: new keys only, files rewritten, or a MERGE (the fallback).
 COMMIT_KINDS = ("append", "rewrite", "merge")
