@@ -8,6 +8,7 @@ import json
 import re
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,10 +88,19 @@ def holder_state(path: Path, wait_s: float) -> dict:
     return {"state": "held", "held_by": by, "live": holder.request_checkpoint(path, wait_s)}
 
 
+def holder_states(replicas: list[tuple[int, int, Path]], wait_s: float) -> list[dict]:
+    """`holder_state` of every replica, asked all at once: a busy holder makes the whole
+    command wait `wait_s` once, not once per shard."""
+    if not replicas:
+        return []
+    with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+        return list(pool.map(lambda r: holder_state(r[2], wait_s), replicas))
+
+
 def inspect(ctx: Context, wait_s: float = HOLDER_WAIT_S) -> dict:
     shards = []
-    for shard, of, path in ctx.replicas():
-        state = holder_state(path, wait_s)
+    replicas = ctx.replicas()
+    for (shard, of, path), state in zip(replicas, holder_states(replicas, wait_s)):
         try:
             replica = ShardReplica.open_read_only(path)
         except Exception as e:  # damaged: the sink wipes and rebuilds it on its next open
@@ -205,8 +215,8 @@ def verify(ctx: Context, wait_s: float = HOLDER_WAIT_S) -> list[dict]:
     """Every replica against the table at the replica's version: one result per shard (with
     `error` where the replica cannot be read, e.g. damaged files, or its holder is busy)."""
     results = []
-    for shard, of, path in ctx.replicas():
-        state = holder_state(path, wait_s)
+    replicas = ctx.replicas()
+    for (shard, of, path), state in zip(replicas, holder_states(replicas, wait_s)):
         if state["state"] == "held" and not state["live"]:
             results.append({"shard": shard, "of": of, "version": None, "entries_checked": 0, "mismatches": 0,
                             "examples": [], "error": describe_state(state) + "; run verify again"})
