@@ -51,8 +51,8 @@ def index_memory(index_dir: Path) -> tuple[int, int]:
     rocksdb = key_filters = 0
     for path in index_dir.glob("*/shard-*"):
         with ShardReplica.open_read_only(path) as replica:
-            rocksdb += replica.reader_memory_bytes()
-            key_filters += replica.key_filter_bytes()
+            rocksdb += replica.keyspaces.reader_memory_bytes()
+            key_filters += replica.keyspaces.key_filter_bytes()
     return rocksdb, key_filters
 
 

@@ -22,7 +22,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, load_partitions
-from sink.index.replica import ShardReplica, replica_spec
+from sink.index.replica import ShardReplica
+from sink.index.spec import replica_spec
 from sink.lakehouse.log import read_commit
 
 RESULTS = Path(__file__).resolve().parent / "results"

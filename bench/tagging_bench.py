@@ -65,7 +65,7 @@ def run(index_keys: int, batch_rows: int, hot_cache_entries: int, log=print) -> 
                 return tag(*batch, lookup=replica.lookup_packed)
 
             replica.lookup_packed(PID, hits)  # reaches RocksDB for more than a 64th of the keys: asks to hold it
-            replica.hold_wanted()  # as the next catch-up does
+            replica.keyspaces.hold_wanted()  # as the next catch-up does
             results["resident_bytes_per_key"] = round(replica.tier.resident_bytes() / index_keys, 1)
             results["resident_hits_per_s"] = round(_rate(with_resident, _batch(hits, index_keys + 1), batch_rows))
     index = dict(zip(keys, raws))

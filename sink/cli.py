@@ -26,7 +26,8 @@ from sink.index.entry import Entry, unpack_many
 from sink.index.entry import size as entry_size
 from sink.index.lifecycle import ShardSource, bootstrap
 from sink.index.loader import read_global, read_partition
-from sink.index.replica import GLOBAL, ShardReplica, replica_path, replica_spec
+from sink.index.replica import ShardReplica
+from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
 from sink.tombstones import compact
@@ -108,7 +109,7 @@ def inspect(ctx: Context, wait_s: float = HOLDER_WAIT_S) -> dict:
                            "error": str(e).splitlines()[0], "partitions": []})
             continue
         with replica:
-            sizes = replica.partition_sizes()
+            sizes = replica.keyspaces.partition_sizes()
             partitions = [
                 {"partition": pid, "entries": sizes[pid][0], "bytes": sizes[pid][1], "reason": info.reason,
                  "loaded_at": _iso(info.loaded_at), "last_access": _iso(info.last_access)}
@@ -238,7 +239,7 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
             table = DeltaTable(cfg.table_uri, version=version)
             entry_bytes = entry_size(replica.width)
             for pid in sorted(replica.partitions()):
-                held = dict(replica.entries(pid))
+                held = dict(replica.keyspaces.entries(pid))
                 if pid == GLOBAL:
                     read = read_global(table, None, cfg.key, cfg.partition_by, cfg.ordering_columns, shard, of)
                     keys, located = [], []
@@ -246,7 +247,7 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
                         keys += chunk_keys
                         located += chunk_raws
                     raws = [raw[:entry_bytes] for raw in located]
-                    places = replica.locations()
+                    places = replica.keyspaces.locations()
                     for where, entries in staged.items():
                         held.update(entries)
                         places.update(dict.fromkeys(entries, where))
@@ -275,9 +276,9 @@ def _caught_up(cfg: SinkConfig, replica: ShardReplica) -> tuple[int | None, dict
     if commit is None or commit.app_versions.get(cfg.resolved_writer_id) != batch:
         return version, {}
     read_version = commit.sink_int(READ_VERSION_PROPERTY)
-    if read_version is not None and read_version != replica.staged_read_version:
+    if read_version is not None and read_version != replica.meta.staged_read_version:
         return version, {}
-    return version + 1, replica.staged()
+    return version + 1, replica.staging.staged()
 
 
 def _compare(pid: str, live: dict[bytes, int], held: dict, history: bool = False) -> list[str]:

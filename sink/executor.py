@@ -40,7 +40,7 @@ from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
 from sink.errors import ReplicaLockedError, ReplicaLostError
-from sink.index import changelog, history_locations, holder, worker_replicas
+from sink.index import changelog, history_locations, holder, registry, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import expire_before, ordering_names
 from sink.index.lifecycle import (
@@ -53,19 +53,13 @@ from sink.index.lifecycle import (
     table_partitions,
 )
 from sink.index.loader import read_changes
-from sink.index.replica import (
-    GLOBAL,
-    ShardReplica,
-    close_kept_open,
-    is_corruption,
-    is_kept_open,
-    replica_path,
-    replica_spec,
-    wipe_damaged,
-)
+from sink.index.registry import close_kept_open, is_kept_open, wipe_damaged
+from sink.index.replica import ShardReplica
+from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.lakehouse import open_tables
 from sink.lakehouse.delta_rs import rows_in
 from sink.lakehouse.log import read_commit
+from sink.library_errors import is_corruption
 from sink.moves import keep_stored_values, placed
 from sink.ordering import helper_columns
 from sink.outcomes import QUARANTINED, record_partitions, summary
@@ -427,7 +421,7 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource,
             ctx.tiering_column, ctx.bootstrap_days, ctx.now,
         )
         _count_loads(stats, {"bootstrap": booted.partitions}, booted)
-    replica.hold_wanted()
+    replica.keyspaces.hold_wanted()
 
 
 def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.Table:
@@ -485,7 +479,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             clock.lap("classify")
         else:
             shield = None
-            if ctx.shield_pid is not None and not replica.is_empty(ctx.shield_pid):
+            if ctx.shield_pid is not None and not replica.keyspaces.is_empty(ctx.shield_pid):
                 shield = (ctx.shield_pid, clock.timed("lookup", lambda ks: replica.peek(ctx.shield_pid, ks)))
             result = tag(*inputs, clock.timed("lookup", _with_peeked(replica.lookup_packed, peeked, stats)),
                          ctx.incoming_wins_ties, **expiry, shield=shield)
@@ -495,7 +489,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         clock.lap("stage")
         if source.opened:  # a cold batch anyway: hold now what its lookups asked for, not in the next one
-            replica.hold_wanted()
+            replica.keyspaces.hold_wanted()
         for tier, n in replica.lookups.items():
             stats["lookups"][tier] += n
         stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes,
@@ -621,11 +615,11 @@ def _peek(ctx: TaskContext, replica: ShardReplica, source: LazySource, needed: l
     if ctx.peek_max_keys <= 0:
         return {}
     # Not a partition a commit of another writer dropped: it was in use, it loads again.
-    missing = [p for p in needed if not replica.has_partition(p) and not replica.was_invalidated(p)]
+    missing = [p for p in needed if not replica.has_partition(p) and not replica.meta.was_invalidated(p)]
     window_s = ctx.partition_ttl_hours * 3600
     wanted = {}
     for pid, named in keys_per_partition(pids, keys_, missing).items():
-        if len(named) <= ctx.peek_max_keys and replica.record_peek(pid, ctx.now, window_s) < PEEKS_BEFORE_LOAD:
+        if len(named) <= ctx.peek_max_keys and replica.meta.record_peek(pid, ctx.now, window_s) < PEEKS_BEFORE_LOAD:
             wanted[pid] = named
     peeked = peek_partitions(source.get(), wanted) if wanted else {}
     stats["peeks"] += len(peeked)
@@ -665,7 +659,7 @@ def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, p
     """Load the partitions of `pids` the replica lacks, all together."""
     missing = [p for p in pids if not replica.has_partition(p)]
     if missing:
-        invalidated = {p for p in missing if replica.was_invalidated(p)}
+        invalidated = {p for p in missing if replica.meta.was_invalidated(p)}
         loaded = load_partitions(replica, source.get(), missing,
                                  lambda p: "invalidated" if p in invalidated else "on_demand", now=ctx.now)
         _count_loads(stats, {"invalidated": len(invalidated), "on_demand": len(missing) - len(invalidated)}, loaded)
@@ -677,7 +671,7 @@ def _place(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.Arr
     partition of the table): the records left to tag with their partition columns set, their
     partition ids, and the ambiguous ones as quarantined output."""
     encoded = rows.column(C.KEY).combine_chunks().cast(pa.binary())
-    live = replica.live_partitions(encoded.filter(pa.array(unplaced)).to_pylist())
+    live = replica.keyspaces.live_partitions(encoded.filter(pa.array(unplaced)).to_pylist())
     deletes = pc.fill_null(rows.column(C.DELETE), False).to_numpy(zero_copy_only=False)
     placement = place_deletes(encoded, pids, unplaced, deletes, live, ctx.shield_pid, ctx.partition_cols)
     for outcome, n in (("located", placement.located), ("unknown", placement.unknown),
@@ -706,7 +700,7 @@ def _check_cross_partition(ctx: TaskContext, replica: ShardReplica, encoded: pa.
     take = pa.array(inserted)
     checked_keys = encoded.take(take).cast(pa.binary()).to_pylist()
     checked_pids = pids.take(take).to_pylist()
-    found = replica.live_elsewhere(checked_keys, checked_pids)
+    found = replica.keyspaces.live_elsewhere(checked_keys, checked_pids)
     stats["cross_partition_checked"] += len(checked_keys)
     stats["cross_partition_keys"] += len(found)
     if found and stats["cross_partition_example"] is None:
@@ -751,7 +745,7 @@ def _use(ctx: TaskContext, path, flush: bool):
         with ShardReplica.open(path, ctx.spec, **options) as replica:
             yield replica
         return
-    with ShardReplica.kept(path, ctx.spec, **options) as replica:
+    with registry.kept(path, ctx.spec, **options) as replica:
         try:
             yield replica
         finally:
@@ -770,7 +764,7 @@ def _sizes(replica: ShardReplica, now: float, fresh: bool) -> dict[str, tuple[in
     key = str(replica.path)
     taken, sizes = _SIZES.get(key, (float("-inf"), {}))
     if fresh or now - taken >= SIZES_EVERY_S:
-        sizes = replica.partition_sizes()
+        sizes = replica.keyspaces.partition_sizes()
         _SIZES[key] = (now, sizes)
     held = replica.partitions()
     return {pid: size for pid, size in sizes.items() if pid in held}

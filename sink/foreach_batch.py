@@ -47,7 +47,7 @@ from sink.history import HISTORY_COLUMNS, RUN_EVENTS, HistoryColumns, history_fi
 from sink.history_writes import HistoryBatch, history_writes
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, has_change_data_feed
-from sink.index.replica import close_kept_open
+from sink.index.registry import close_kept_open
 from sink.lakehouse import file_cache, open_tables
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import (

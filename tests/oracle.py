@@ -11,7 +11,8 @@ from deltalake import DeltaTable
 
 from sink.cli import Context, verify
 from sink.executor import wait_caught_up
-from sink.index.replica import ShardReplica, kept_open
+from sink.index.registry import kept_open
+from sink.index.replica import ShardReplica
 
 
 class Event(NamedTuple):

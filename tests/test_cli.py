@@ -12,7 +12,9 @@ from sink import keys
 from sink.cli import main
 from sink.index import holder
 from sink.index.entry import Entry
-from sink.index.replica import ShardReplica, close_kept_open, replica_spec
+from sink.index.registry import close_kept_open
+from sink.index.replica import ShardReplica
+from sink.index.spec import replica_spec
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, SHARDS_PROPERTY
 
 TODAY = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -74,7 +76,7 @@ def test_verify_finds_missing_extra_and_wrong_entries(setup, capsys):
     pid = f"dt={rows[0][1]}"
     mine = [r[0].encode() for r in rows if r[1] == rows[0][1] and keys.shard_of(r[0].encode(), 2) == 0]
     with ShardReplica.open(path, replica_spec(["id"], ["dt"], "ts")) as r:
-        held = dict(r.entries(pid))
+        held = dict(r.keyspaces.entries(pid))
         held.pop(mine[0])
         held[mine[1]] = Entry(held[mine[1]].ordering + 1)
         held[b"ghost"] = Entry(1)

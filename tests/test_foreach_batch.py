@@ -257,7 +257,7 @@ def test_many_records_of_one_key_count_one_write_and_leave_at_most_one_tombstone
 
 
 def test_close_lets_go_of_the_replicas_driver_tagging_keeps_open(spark, tmp_path):
-    from sink.index.replica import _KEPT_OPEN
+    from sink.index.registry import kept_open_paths
 
     sink = UpsertSink(config(tmp_path, writer_id="closing", tag_on="driver", num_shards=2))
     other = UpsertSink(config(tmp_path / "other", writer_id="other", tag_on="driver", num_shards=1))
@@ -266,7 +266,7 @@ def test_close_lets_go_of_the_replicas_driver_tagging_keeps_open(spark, tmp_path
     index = tmp_path / "index"
 
     def held(root):
-        return sorted(p for p in _KEPT_OPEN if p.startswith(str(root)))
+        return sorted(p for p in kept_open_paths() if p.startswith(str(root)))
 
     assert len(held(index)) == 2 and len(held(tmp_path / "other")) == 1
     sink.close()

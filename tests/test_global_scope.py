@@ -10,7 +10,7 @@ from deltalake import DeltaTable, write_deltalake
 from prometheus_client import REGISTRY
 
 from sink import ContractMismatchError, SinkConfig, UpsertSink
-from sink.index.replica import KEY_FILTER_FILE
+from sink.index.keyspace_filters import KEY_FILTER_FILE
 from tests import damage
 from tests.oracle import SCHEMA, Event, expected_global_rows, random_global_batches, taken_back, verify_replicas
 

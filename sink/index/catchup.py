@@ -79,13 +79,13 @@ def catch_up(
             report.rebuilt = f"commit {version} changed the table's metadata or lacks partition values"
             replica.drop_all()
             continue
-        held = replica.held_of(commit.partitions)
+        held = replica.keyspaces.held_of(commit.partitions)
         # The feed's deletes carry the deleted row's ordering, not the delete record's: good
         # enough for a writer that is not a sink (nothing better is known), too weak for a
         # sink's deletes, whose exact ordering a reload takes from the tombstone table.
         changes = read_changes(version) if held and read_changes and not commit.by_sink else None
         if changes is not None:
-            report.applied += replica.put_changes(changes)
+            report.applied += replica.staging.put_changes(changes)
             continue
         for pid in held:
             replica.drop_partition(pid, invalidated=True)
@@ -99,7 +99,7 @@ def _apply_own(replica: ShardReplica, commit: CommitSummary, batch: int, shard: 
                read_changelog: ReadChangelog | None, report: CatchUpReport) -> bool:
     """Apply one of this writer's commits from staging or the changelog; False when neither has it."""
     read_version = commit.sink_int(READ_VERSION_PROPERTY)
-    if replica.staged_batch == batch and (read_version is None or read_version == replica.staged_read_version):
+    if replica.staged_batch == batch and (read_version is None or read_version == replica.meta.staged_read_version):
         report.promoted += replica.promote_staged()
         return True
     shards = commit.sink_shards()
@@ -109,5 +109,5 @@ def _apply_own(replica: ShardReplica, commit: CommitSummary, batch: int, shard: 
     entries = read_changelog(read_version, batch) if read_changelog and read_version is not None else None
     if entries is None:
         return False
-    report.changelog_applied += replica.apply_changes(entries)
+    report.changelog_applied += replica.staging.apply_changes(entries)
     return True

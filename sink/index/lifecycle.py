@@ -17,7 +17,8 @@ from deltalake import DeltaTable
 from sink.errors import PartitionLoadError
 from sink.index import tiering
 from sink.index.loader import read_global, read_partition
-from sink.index.replica import GLOBAL, ShardReplica
+from sink.index.replica import ShardReplica
+from sink.index.spec import GLOBAL
 from sink.ordering import columns_of
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ def evict(
     for pid in evicted:
         replica.drop_partition(pid)
     if max_bytes is not None:
-        sizes = replica.partition_sizes()
+        sizes = replica.keyspaces.partition_sizes()
         total = sum(size for _, size in sizes.values())
         for pid in sorted(sizes, key=lambda p: infos[p].last_access):
             if total <= max_bytes:

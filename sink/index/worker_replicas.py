@@ -31,7 +31,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from sink.index.replica import RELEASE_FILE, ShardReplica, close_kept_open, kept_open
+from sink.index import registry
+from sink.index.registry import close_kept_open, kept_open
+from sink.index.replica import ShardReplica
+from sink.index.rocks import RELEASE_FILE
 
 MAX_KEPT = 8
 # A replica is checkpointed once unused this long (Spark stops a worker idle for 60 s), or
@@ -72,7 +75,7 @@ _keeper: threading.Thread | None = None
 
 @contextmanager
 def use(path: str | os.PathLike[str], spec: str, **options) -> Iterator[ShardReplica]:
-    """The replica at `path` for one task's use, kept open after it (`ShardReplica.acquire`
+    """The replica at `path` for one task's use, kept open after it (`registry.acquire`
     options); its checkpoint runs in the background when due (`_Kept.checkpoint_due`)."""
     key = str(path)
     with _KEPT_LOCK:
@@ -84,7 +87,7 @@ def use(path: str | os.PathLike[str], spec: str, **options) -> Iterator[ShardRep
             _KEPT.move_to_end(key)
         # A use that fails leaves the replica unmarked (dirty): its next use goes on with it,
         # as a kept-open replica's does on the driver; a damaged one is wiped by the caller.
-        with ShardReplica.kept(path, spec, **options) as replica:
+        with registry.kept(path, spec, **options) as replica:
             yield replica
         kept.used_at = _clock()
         if kept.dirty_since is None:

@@ -6,7 +6,8 @@ import pytest
 from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.entry import CHANGES_SCHEMA, Entry
-from sink.index.replica import ShardReplica, replica_spec
+from sink.index.replica import ShardReplica
+from sink.index.spec import replica_spec
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY, CommitSummary
 
 WRITER = "w"
@@ -132,7 +133,7 @@ def test_own_commit_missing_from_the_changelog_invalidates_rather_than_trust_the
         report = catch_up(r, 6, {6: own_commit(6, 3, read_version=5)}.get, WRITER, SHARD,
                           read_changes=lambda v: {"p1": {b"k": Entry(1, True)}}, read_changelog=lambda v, b: None)
         assert report.moved_batches == 1 and report.invalidated == {"p1"}
-        assert not r.has_partition("p1") and r.was_invalidated("p1")
+        assert not r.has_partition("p1") and r.meta.was_invalidated("p1")
 
 
 def test_own_commit_without_its_read_version_invalidates_without_asking_the_changelog(tmp_path):

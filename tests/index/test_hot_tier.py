@@ -3,7 +3,7 @@ import random
 import pytest
 
 from sink.index import hot_tier
-from sink.index import replica as replica_module
+from sink.index import keyspaces as keyspaces_module
 from sink.index.entry import Entry
 from sink.index.hot_tier import HotTier
 from sink.index.lifecycle import evict
@@ -16,7 +16,7 @@ KEYS = [f"k{i}".encode() for i in range(30)]
 
 def rocksdb_view(replica):
     """What RocksDB holds, read around the memory tier."""
-    return {pid: {k: e.pack() for k, e in replica.entries(pid)} for pid in replica.partitions()}
+    return {pid: {k: e.pack() for k, e in replica.keyspaces.entries(pid)} for pid in replica.partitions()}
 
 
 def assert_tier_consistent(replica):
@@ -35,7 +35,7 @@ def random_entries(rng):
 @pytest.mark.parametrize("resident_keys", [0, 40])
 @pytest.mark.parametrize("seed", range(8))
 def test_the_memory_tier_never_answers_what_the_replica_no_longer_holds(tmp_path, monkeypatch, seed, resident_keys):
-    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 1)  # a lookup reaching RocksDB makes it resident
+    monkeypatch.setattr(keyspaces_module, "RESIDENT_MIN_LOOKUPS", 1)  # a lookup reaching RocksDB makes it resident
     rng = random.Random(seed)
     path = tmp_path / "r"
     options = {"hot_cache_entries": 20, "resident_keys": resident_keys}
@@ -75,7 +75,7 @@ def test_the_memory_tier_never_answers_what_the_replica_no_longer_holds(tmp_path
             other.close()
             hot_tier._TIERS[str(path)] = ours
             replica = ShardReplica.open(path, SPEC, **options)
-        replica.hold_wanted()  # the keyspaces the last lookups asked for, as a catch-up holds them
+        replica.keyspaces.hold_wanted()  # the keyspaces the last lookups asked for, as a catch-up holds them
         for p in PIDS:
             if replica.has_partition(p):
                 replica.lookup_packed(p, rng.sample(KEYS, 10))  # fill the tier
@@ -124,20 +124,20 @@ def test_recently_used_entries_survive_and_the_rest_go():
 
 
 def test_a_keyspace_looked_up_heavily_is_held_whole_and_one_over_the_budget_is_not(tmp_path, monkeypatch):
-    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 10)
+    monkeypatch.setattr(keyspaces_module, "RESIDENT_MIN_LOOKUPS", 10)
     keys = [f"user-{i:05d}".encode() for i in range(1000)]
     with ShardReplica.open(tmp_path / "r", SPEC, resident_keys=1500) as r:
         r.load_partition("small", keys[:700], [Entry(i) for i in range(700)], reason="on_demand")
         r.load_partition("big", keys, [Entry(i) for i in range(1000)], reason="on_demand")
         r.lookup_packed("small", keys[:5])  # 5 lookups reach RocksDB: fewer than the threshold
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert r.tier.resident == {}
         r.lookup_packed("small", keys[:20])  # 20: more than a 64th of its 700 keys, and more than 10
         assert r.tier.resident == {} and r.tier.wanted == {"small"}  # held from the next catch-up on
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert list(r.tier.resident) == ["small"]
         r.lookup_packed("big", keys[:100])  # 1000 more keys do not fit a budget of 1500 beside 700
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert list(r.tier.resident) == ["small"]
         r.lookups.update(dict.fromkeys(r.lookups, 0))
         assert r.lookup("small", [keys[3], keys[699], keys[700]]) == [Entry(3), Entry(699), None]
@@ -149,12 +149,12 @@ def test_a_keyspace_looked_up_heavily_is_held_whole_and_one_over_the_budget_is_n
 
 
 def test_a_resident_keyspace_grown_past_the_budget_is_let_go_and_answers_from_rocksdb(tmp_path, monkeypatch):
-    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 1)
+    monkeypatch.setattr(keyspaces_module, "RESIDENT_MIN_LOOKUPS", 1)
     keys = [f"user-{i:05d}".encode() for i in range(300)]
     with ShardReplica.open(tmp_path / "r", SPEC, resident_keys=250) as r:
         r.load_partition("p", keys[:200], [Entry(i) for i in range(200)], reason="on_demand")
         r.lookup_packed("p", keys[:10])
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert list(r.tier.resident) == ["p"]
         r.put_entries("p", {k: Entry(1000 + i) for i, k in enumerate(keys[200:])})  # 300 keys now
         assert r.tier.resident == {}
@@ -164,22 +164,22 @@ def test_a_resident_keyspace_grown_past_the_budget_is_let_go_and_answers_from_ro
 
 
 def test_a_keyspace_written_more_than_twice_as_much_as_read_is_let_go_and_not_held_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 10)
+    monkeypatch.setattr(keyspaces_module, "RESIDENT_MIN_LOOKUPS", 10)
     keys = [f"user-{i:05d}".encode() for i in range(1000)]
     with ShardReplica.open(tmp_path / "r", SPEC, resident_keys=10_000) as r:
         r.load_partition("p", keys, [Entry(i) for i in range(1000)], reason="on_demand")
         r.lookup_packed("p", keys[:100])
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert list(r.tier.resident) == ["p"]
         r.put_entries("p", {k: Entry(5000 + i) for i, k in enumerate(keys[500:801])})  # 301 written > 2 x 100 read
         assert r.lookup("p", [keys[0], keys[800]]) == [Entry(0), Entry(5300)]  # answered by RocksDB
         assert r.tier.resident == {}
         r.put_entries("p", {k: Entry(6000 + i) for i, k in enumerate(keys[:201])})
         assert r.lookup("p", keys[300:400])[0] == Entry(300)  # 100 reached RocksDB: under half of 201 written
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert r.tier.resident == {}
         assert r.lookup("p", keys[:100])[0] == Entry(6000)  # nothing written since: held again
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert list(r.tier.resident) == ["p"]
 
 
@@ -193,16 +193,16 @@ def test_only_writes_count_as_written_not_entries_remembered_after_a_read():
 
 
 def test_entries_a_lookup_reads_from_rocksdb_do_not_count_against_holding_the_keyspace(tmp_path, monkeypatch):
-    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 10)
+    monkeypatch.setattr(keyspaces_module, "RESIDENT_MIN_LOOKUPS", 10)
     keys = [f"user-{i:05d}".encode() for i in range(1000)]
     with ShardReplica.open(tmp_path / "r", SPEC, hot_cache_entries=1000, resident_keys=10_000) as r:
         r.load_partition("p", keys, [Entry(i) for i in range(1000)], reason="on_demand")
         r.lookup_packed("p", keys[:14])  # 14 reach RocksDB: under a 64th of 1000
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert r.tier.resident == {}
         r.put_entries("p", {k: Entry(2000 + i) for i, k in enumerate(keys[500:520])})  # 20 written
         r.lookup_packed("p", keys[100:116])  # 16 reach RocksDB: at least half of the 20 written
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert list(r.tier.resident) == ["p"]
 
 
@@ -228,7 +228,7 @@ def test_trimming_in_small_steps_keeps_the_newest_entries_and_the_capacity():
 
 
 def test_a_keyspace_asked_for_is_held_as_it_is_when_the_replica_has_caught_up(tmp_path, monkeypatch):
-    monkeypatch.setattr(replica_module, "RESIDENT_MIN_LOOKUPS", 10)
+    monkeypatch.setattr(keyspaces_module, "RESIDENT_MIN_LOOKUPS", 10)
     keys = [f"user-{i:05d}".encode() for i in range(1000)]
     with ShardReplica.open(tmp_path / "r", SPEC, resident_keys=10_000) as r:
         r.load_partition("p", keys[:500], [Entry(i) for i in range(500)], reason="on_demand")
@@ -238,7 +238,7 @@ def test_a_keyspace_asked_for_is_held_as_it_is_when_the_replica_has_caught_up(tm
         assert r.tier.wanted == {"p", "q"} and r.tier.resident == {}  # the lookups only ask
         r.put_entries("p", {keys[0]: Entry(9, True, 3), keys[600]: Entry(7)})  # the promotion of their batch
         r.drop_partition("q")  # evicted meanwhile
-        r.hold_wanted()
+        r.keyspaces.hold_wanted()
         assert list(r.tier.resident) == ["p"] and r.tier.wanted == set()
         r.lookups.update(dict.fromkeys(r.lookups, 0))
         assert r.lookup("p", [keys[0], keys[600], keys[1]]) == [Entry(9, True, 3), Entry(7), Entry(1)]

@@ -130,7 +130,7 @@ def test_byte_budget_drops_least_recently_used_first(tmp_path):
             keys_ = [f"{pid}{n:05d}".encode() for n in range(30_000)]
             replica.load_partition(pid, keys_, [Entry(n) for n in range(30_000)], reason="on_demand",
                                    now=float(i))
-        sizes = replica.partition_sizes()
+        sizes = replica.keyspaces.partition_sizes()
         budget = sizes["new"][1] + sizes["mid"][1]
         assert evict(replica, now=3.0, ttl_hours=24, max_bytes=budget, keep=set()) == ["old"]
         assert evict(replica, now=3.0, ttl_hours=24, max_bytes=1, keep={"mid"}) == ["new"]

@@ -3,9 +3,14 @@ import shutil
 import pytest
 import rocksdict
 
+from sink.errors import ReplicaLockedError
+from sink.index import registry
 from sink.index import replica as replica_module
 from sink.index.entry import Entry, pack_located_many
-from sink.index.replica import GLOBAL, KEY_FILTER_FILE, ShardReplica, close_kept_open, replica_path, replica_spec
+from sink.index.keyspace_filters import KEY_FILTER_FILE, KeyspaceFilters
+from sink.index.registry import close_kept_open
+from sink.index.replica import ShardReplica
+from sink.index.spec import GLOBAL, replica_path, replica_spec
 from tests import damage
 
 SPEC = '{"key": ["id"]}'
@@ -34,14 +39,14 @@ def test_a_loaded_partition_answers_lookups_and_survives_reopen(path):
 
 def test_reads_of_a_partition_not_held_count_within_their_window_survive_reopen_and_end_at_its_load(path):
     with ShardReplica.open(path, SPEC) as r:
-        assert [r.record_peek("dt=1", now, window_s=100) for now in (1000, 1050, 1100)] == [1, 2, 3]
-        assert r.record_peek("dt=2", 1100, window_s=100) == 1  # counted per partition
+        assert [r.meta.record_peek("dt=1", now, window_s=100) for now in (1000, 1050, 1100)] == [1, 2, 3]
+        assert r.meta.record_peek("dt=2", 1100, window_s=100) == 1  # counted per partition
     with ShardReplica.open(path, SPEC) as r:
-        assert r.record_peek("dt=1", 1100, window_s=100) == 4
-        assert r.record_peek("dt=1", 1101, window_s=100) == 1  # past the window of the first: counted anew
+        assert r.meta.record_peek("dt=1", 1100, window_s=100) == 4
+        assert r.meta.record_peek("dt=1", 1101, window_s=100) == 1  # past the window of the first: counted anew
         r.load_partition("dt=2", [b"a"], [Entry(1)], reason="on_demand")
         r.drop_partition("dt=2")
-        assert r.record_peek("dt=2", 1102, window_s=100) == 1  # its load forgot the reads before it
+        assert r.meta.record_peek("dt=2", 1102, window_s=100) == 1  # its load forgot the reads before it
         assert not r.has_partition("dt=1")
 
 
@@ -50,7 +55,7 @@ def test_live_elsewhere_finds_live_rows_of_other_held_partitions_only(path):
         r.load_partition("dt=1", [b"a", b"b", b"c"], [Entry(1), Entry(1, True), Entry(1)], reason="on_demand")
         r.load_partition("dt=2", [b"c"], [Entry(2)], reason="on_demand")
         # a: live in dt=1; b: deleted there; c: in its own dt=2 and live in dt=1; d: nowhere.
-        assert r.live_elsewhere([b"a", b"b", b"c", b"d"], ["dt=3", "dt=3", "dt=2", "dt=3"]) == {
+        assert r.keyspaces.live_elsewhere([b"a", b"b", b"c", b"d"], ["dt=3", "dt=3", "dt=2", "dt=3"]) == {
             b"a": "dt=1", b"c": "dt=1"}
         assert r.lookups == {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}  # not a lookup of the batch
 
@@ -80,9 +85,9 @@ def test_restaging_replaces_and_discard_forgets(path):
         r.load_partition("p", [], [], reason="on_demand")
         r.stage(7, {"p": {b"a": Entry(5)}})
         r.stage(7, {"p": {b"b": Entry(5)}})  # a re-run of the batch starts clean
-        assert r.staged() == {"p": {b"b": Entry(5)}}
+        assert r.staging.staged() == {"p": {b"b": Entry(5)}}
         r.discard_staged()
-        assert r.staged() == {} and r.staged_batch is None
+        assert r.staging.staged() == {} and r.staged_batch is None
         r.promote_staged()
         assert r.lookup("p", [b"a", b"b"]) == [None, None]
 
@@ -124,15 +129,15 @@ def test_touch_updates_last_access(path):
 
 def test_acquire_keeps_a_replica_open_until_its_directory_goes(path):
 
-    first = ShardReplica.acquire(path, SPEC)
+    first = registry.acquire(path, SPEC)
     first.load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
-    assert ShardReplica.acquire(path, SPEC) is first
+    assert registry.acquire(path, SPEC) is first
     first.flush()
     with ShardReplica.open_read_only(path) as reader:  # what python -m sink verify sees beside it
         assert reader.lookup("p", [b"a"]) == [Entry(1)]
 
     shutil.rmtree(path)
-    again = ShardReplica.acquire(path, SPEC)
+    again = registry.acquire(path, SPEC)
     assert again is not first and again.partitions() == {}
     again.load_partition("q", [b"b"], [Entry(2)], reason="on_demand")
     close_kept_open()
@@ -155,7 +160,7 @@ def test_an_open_whose_directory_was_replaced_writes_nothing_into_the_new_replic
         new.load_partition("q", [b"c"], [Entry(3)], reason="on_demand")
     files = sorted(p.name for p in path.iterdir())
     assert old.replaced()
-    old._abandon()  # what the worker does on finding it replaced
+    old.abandon()  # what the worker does on finding it replaced
     assert sorted(p.name for p in path.iterdir()) == files
     with ShardReplica.open(path, SPEC) as reopened:  # closed clean: nothing is wiped
         assert reopened.repaired is None
@@ -164,7 +169,7 @@ def test_an_open_whose_directory_was_replaced_writes_nothing_into_the_new_replic
 
 def test_one_process_opens_a_replica_read_write_once_at_a_time(path):
     with ShardReplica.open(path, SPEC):
-        with pytest.raises(replica_module.ReplicaLockedError, match="locked by this process"):
+        with pytest.raises(ReplicaLockedError, match="locked by this process"):
             ShardReplica.open(path, SPEC, lock_timeout_s=0.1)
     with ShardReplica.open(path, SPEC, lock_timeout_s=0.1) as again:  # let go at its close
         assert again.repaired is None
@@ -183,7 +188,7 @@ def test_a_replica_with_a_truncated_file_is_wiped_on_open_and_says_why(path):
 
 
 def test_at_exit_a_kept_replica_whose_directory_was_removed_is_let_go_quietly(path, caplog):
-    ShardReplica.acquire(path, SPEC).load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+    registry.acquire(path, SPEC).load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
     shutil.rmtree(path.parent)  # a benchmark or test removed its data dir before the process ended
     close_kept_open()  # no exception: nothing is left to save
     assert not path.exists() and caplog.records == []
@@ -204,7 +209,7 @@ def test_the_key_filter_answers_new_keys_and_never_hides_a_held_one(path):
     with ShardReplica.open(path, GLOBAL_SPEC) as r:
         r.load_packed(GLOBAL, held, raws, reason="bootstrap")
         later, later_raws = _located(300, "later")
-        r.put_packed(GLOBAL, later, later_raws)  # as a promoted batch writes them
+        r.keyspaces.put_packed(GLOBAL, later, later_raws)  # as a promoted batch writes them
         new = [f"new{i}".encode() for i in range(5000)]
         answers = r.lookup_packed(GLOBAL, held + later + new)
         assert answers == raws + later_raws + [None] * 5000
@@ -219,10 +224,10 @@ def test_the_key_filter_is_saved_at_close_and_reused_without_a_scan(path, monkey
         r.load_packed(GLOBAL, held, raws, reason="bootstrap")
     with ShardReplica.open(path, GLOBAL_SPEC) as r:
         r.set_version(3)  # an open that never asks the filter keeps the saved one valid
-    monkeypatch.setattr(ShardReplica, "_scanned_key_filter", lambda self: pytest.fail("scanned"))
+    monkeypatch.setattr(KeyspaceFilters, "scanned", lambda self, pid: pytest.fail("scanned"))
     with ShardReplica.open(path, GLOBAL_SPEC) as r:
         assert r.lookup_packed(GLOBAL, held[:10] + [b"new"]) == raws[:10] + [None]
-        assert r.key_filter_bytes() <= 2 * 2000
+        assert r.keyspaces.key_filter_bytes() <= 2 * 2000
 
 
 @pytest.mark.parametrize("damage", ["truncate", "stale"])
@@ -236,7 +241,7 @@ def test_a_damaged_or_stale_key_filter_is_rebuilt_from_the_keyspace(path, damage
     else:  # a filter from before keys were added without it (only a bug could do this: it must not be trusted)
         old = saved.read_bytes()
         with ShardReplica.open(path, GLOBAL_SPEC) as r:
-            r.put_packed(GLOBAL, *_located(500, "added"))
+            r.keyspaces.put_packed(GLOBAL, *_located(500, "added"))
         saved.write_bytes(old)
     with ShardReplica.open(path, GLOBAL_SPEC) as r:
         added, added_raws = _located(500, "added")
@@ -251,7 +256,7 @@ def test_a_reader_beside_the_writer_does_not_trust_the_saved_key_filter(path):
     writer = ShardReplica.open(path, GLOBAL_SPEC)
     try:
         added, added_raws = _located(10, "added")
-        writer.put_packed(GLOBAL, added, added_raws)
+        writer.keyspaces.put_packed(GLOBAL, added, added_raws)
         writer.flush()  # as tagging on the driver does after each batch, for `sink verify`
         with ShardReplica.open_read_only(path) as reader:
             assert reader.lookup_packed(GLOBAL, added) == added_raws
@@ -263,12 +268,12 @@ def test_the_key_filter_is_rebuilt_larger_as_keys_double(path):
     held, raws = _located(1000)
     with ShardReplica.open(path, GLOBAL_SPEC) as r:
         r.load_packed(GLOBAL, held, raws, reason="bootstrap")
-        small = r.key_filter_bytes()
+        small = r.keyspaces.key_filter_bytes()
         more, more_raws = _located(20_000, "more")
         for i in range(0, 20_000, 2000):
-            r.put_packed(GLOBAL, more[i:i + 2000], more_raws[i:i + 2000])
-        assert r.key_filter_bytes() > small
-        assert r.key_filter_bytes() <= 2 * 21_000
+            r.keyspaces.put_packed(GLOBAL, more[i:i + 2000], more_raws[i:i + 2000])
+        assert r.keyspaces.key_filter_bytes() > small
+        assert r.keyspaces.key_filter_bytes() <= 2 * 21_000
         assert r.lookup_packed(GLOBAL, held + more) == raws + more_raws
 
 
@@ -322,15 +327,15 @@ def test_every_partition_has_a_key_filter_that_answers_new_keys_and_never_hides_
         for pid, keys in loaded.items():
             r.load_partition(pid, keys, [Entry(1)] * len(keys), reason="bootstrap")
         r.put_entries("dt=1", {k: Entry(2) for k in added})
-    monkeypatch.setattr(ShardReplica, "_scanned_key_filter", lambda self, pid: pytest.fail("scanned"))
+    monkeypatch.setattr(KeyspaceFilters, "scanned", lambda self, pid: pytest.fail("scanned"))
     for _ in range(2):  # the second open reads the filters the first one saved again
         with ShardReplica.open(path, SPEC) as r:
             expected = [Entry(1)] * 3000 + [Entry(2)] * 400 + [None] * 3000
             assert r.lookup("dt=1", loaded["dt=1"] + added + new) == expected
             assert r.lookups["rocksdb"] == 3400 and r.lookups["filter"] > 2950  # false positives go on to RocksDB
             assert r.lookup("dt=2", added + loaded["dt=2"][:10]) == [None] * 400 + [Entry(1)] * 10
-            assert r.live_partitions([loaded["dt=2"][0], added[0], new[0]]) == [["dt=2"], ["dt=1"], []]
-            assert r.key_filter_bytes() <= 2 * (6400 + 2 * 64 * 8)
+            assert r.keyspaces.live_partitions([loaded["dt=2"][0], added[0], new[0]]) == [["dt=2"], ["dt=1"], []]
+            assert r.keyspaces.key_filter_bytes() <= 2 * (6400 + 2 * 64 * 8)
 
 
 def test_a_partitions_filter_lost_or_from_another_close_is_rebuilt_by_a_scan(path):

@@ -7,7 +7,10 @@ import pytest
 
 from sink.index import worker_replicas
 from sink.index.entry import Entry
-from sink.index.replica import RELEASE_FILE, ShardReplica, close_kept_open, kept_open, replica_path
+from sink.index.registry import close_kept_open, kept_open
+from sink.index.replica import ShardReplica
+from sink.index.rocks import RELEASE_FILE
+from sink.index.spec import replica_path
 
 SPEC = '{"key": ["id"]}'
 
