@@ -10,16 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sink.config_sections import (
+    CommitSection,
+    HistorySection,
+    IndexSection,
+    RuntimeSection,
+    SideTablesSection,
+    StreamSection,
+    TableSection,
+)
 from sink.errors import ConfigError
 from sink.ordering import columns_of
 
-SCOPES = ("partitioned", "global")
-ENGINES = ("deltalake", "delta-spark")
-TIES = ("incoming", "existing")
-TAG_ON = ("auto", "executors", "driver")
-SCHEMA_EVOLUTION = ("add_columns", "fail")
-COMMIT_MODES = ("auto", "merge")
-SCD_TYPES = (1, 2)
 # An ordering column named in except_columns is kept in the table under this prefix: the
 # index, partition loads and the commit paths read it from there.
 HIDDEN_ORDERING_PREFIX = "__ordering_"
@@ -205,90 +207,41 @@ class SinkConfig:
         return cls(**values)
 
     def validate(self) -> None:
-        _require_str("table_uri", self.table_uri)
-        _require_columns("key", self.key, allow_empty=False)
-        _require_columns("partition_by", self.partition_by, allow_empty=True)
-        if isinstance(self.ordering, list):
-            _require_columns("ordering", self.ordering, allow_empty=False)
-        else:
-            _require_str("ordering", self.ordering)
-        _require_choice("scope", self.scope, SCOPES)
-        _require_choice("engine", self.engine, ENGINES)
-        _require_choice("ties", self.ties, TIES)
-        _require_choice("tag_on", self.tag_on, TAG_ON)
-        _require_choice("schema_evolution", self.schema_evolution, SCHEMA_EVOLUTION)
-        _require_choice("commit_mode", self.commit_mode, COMMIT_MODES)
-        if self.engine == "delta-spark":
-            raise ConfigError("engine = 'delta-spark' is not implemented yet; accepted: 'deltalake'")
-        if self.key and set(self.key) <= set(self.partition_by):
-            raise ConfigError(f"key {self.key} names partition columns only: a partition would hold one row; add the "
-                              "column that tells its rows apart (a key may include partition columns)")
-        for c in self.ordering_columns:
-            if c in self.key or c in self.partition_by:
-                raise ConfigError(f"ordering column {c!r} must not be a key or partition column")
-        _require_columns("except_columns", self.except_columns, allow_empty=True)
-        located = set(self.key) | set(self.partition_by)
-        if located & set(self.except_columns):
-            raise ConfigError(f"except_columns {sorted(located & set(self.except_columns))} are key or partition "
-                              "columns, which the table must store")
-        needed = located | set(self.ordering_columns)
-        if self.delete_when is not None:
-            _require_str("delete_when", self.delete_when)
-        if self.quarantine_when is not None:
-            _require_str("quarantine_when", self.quarantine_when)
-        _require_str("corrupt_record_column", self.corrupt_record_column)
-        if self.corrupt_record_column in needed:
-            raise ConfigError(f"corrupt_record_column {self.corrupt_record_column!r} is a key, partition or ordering "
-                              "column; it names Spark's column for the raw text of records that did not parse")
-        _require_bool("ignore_null_updates", self.ignore_null_updates)
-        if self.num_shards is not None:
-            _require_int("num_shards", self.num_shards, 1, 4096)
-        _require_int("bootstrap_days", self.bootstrap_days, 0, 100_000)
-        _require_int("partition_ttl_hours", self.partition_ttl_hours, 1, 1_000_000)
-        if self.tombstone_ttl_hours is not None:
-            _require_hours("tombstone_ttl_hours", self.tombstone_ttl_hours, 1_000_000)
-        self._validate_tiering()
-        _require_int("hot_cache_entries", self.hot_cache_entries, 0, 100_000_000)
-        _require_int("resident_keys", self.resident_keys, 0, 1_000_000_000)
-        _require_int("cross_partition_check", self.cross_partition_check, 0, 10_000_000)
-        _require_int("peek_max_keys", self.peek_max_keys, 0, 1_000_000)
-        _require_int("index_block_cache_bytes", self.index_block_cache_bytes, 1 << 20, 1 << 40)
-        _require_int("file_cache_bytes", self.file_cache_bytes, 0, 1 << 40)
-        if self.index_max_bytes is not None:
-            _require_int("index_max_bytes", self.index_max_bytes, 1, 2**62)
-            if self.scope == "global":
-                # The global keyspace is one unit: evicting it would reload the whole table.
-                raise ConfigError("index_max_bytes applies to scope = 'partitioned' only; unset it for "
-                                  "scope = 'global', whose replica holds every key on local disk")
-        _require_int("metrics_port", self.metrics_port, 0, 65535)
-        _require_int("max_commit_retries", self.max_commit_retries, 0, 100)
-        _require_int("changelog_retention_versions", self.changelog_retention_versions, 1, 10_000_000)
-        self._validate_history()
-        if self.writer_id is not None:
-            _require_str("writer_id", self.writer_id)
-        if self.writer_id is None and self.checkpoint_dir is None:
-            raise ConfigError(
-                "set checkpoint_dir (the query's checkpoint location) or writer_id: "
-                "the writer id makes commits exactly-once and must change with the checkpoint"
-            )
+        """Each section checks its own keys (sink.config_sections); a ConfigError names the key
+        and the accepted values."""
+        for section in (TableSection, StreamSection, IndexSection, SideTablesSection, RuntimeSection, HistorySection,
+                        CommitSection):
+            section.of(self)
 
-    def _validate_history(self) -> None:
-        if isinstance(self.scd_type, bool) or self.scd_type not in SCD_TYPES:
-            raise ConfigError(f"scd_type = {self.scd_type!r} is not accepted; accepted values: {list(SCD_TYPES)}")
-        named = {n: v for n, v in (("track_history_columns", self.track_history_columns),
-                                   ("track_history_except_columns", self.track_history_except_columns))
-                 if v is not None}
-        for name, columns in named.items():
-            _require_columns(name, columns, allow_empty=name == "track_history_except_columns")
-            if self.scd_type != 2:
-                raise ConfigError(f"{name} applies to scd_type = 2 only (scd_type = {self.scd_type})")
-            fixed = sorted(set(columns) & set(self.identity_columns))
-            if fixed:
-                raise ConfigError(f"{name} names key or partition column(s) {fixed}: history tracks the other "
-                                  "stored columns (a key's versions share its key, and in partitioned scope its "
-                                  "partition)")
-        if len(named) == 2:
-            raise ConfigError("set track_history_columns or track_history_except_columns, not both")
+    # --- the options by section ------------------------------------------------------------------
+
+    @property
+    def table(self) -> TableSection:
+        return TableSection.of(self)
+
+    @property
+    def stream(self) -> StreamSection:
+        return StreamSection.of(self)
+
+    @property
+    def index(self) -> IndexSection:
+        return IndexSection.of(self)
+
+    @property
+    def commit(self) -> CommitSection:
+        return CommitSection.of(self)
+
+    @property
+    def side_tables(self) -> SideTablesSection:
+        return SideTablesSection.of(self)
+
+    @property
+    def runtime(self) -> RuntimeSection:
+        return RuntimeSection.of(self)
+
+    @property
+    def history(self) -> HistorySection:
+        return HistorySection.of(self)
 
     def tracked_columns(self, stored: list[str]) -> list[str]:
         """scd_type = 2: of the table's `stored` columns, those whose change opens a version. By
@@ -301,27 +254,6 @@ class SinkConfig:
         if self.track_history_columns is not None:
             return [c for c in values if c in self.track_history_columns]
         return [c for c in values if c not in (self.track_history_except_columns or ())]
-
-    def _validate_tiering(self) -> None:
-        date = self.partition_date
-        if isinstance(date, str):
-            if date not in self.partition_by:
-                raise ConfigError(
-                    f"partition_date = {date!r} must be one of partition_by {self.partition_by}"
-                )
-        elif isinstance(date, list):
-            if len(date) != 3 or not set(date) <= set(self.partition_by):
-                raise ConfigError(
-                    f"partition_date = {date!r} must be [year, month, day] columns of partition_by "
-                    f"{self.partition_by}"
-                )
-        elif date is not None:
-            raise ConfigError(
-                f"partition_date must be a column name or [year, month, day] columns, got {date!r}"
-            )
-        _require_str("partition_date_format", self.partition_date_format)
-        if self.tiering_column is not None:
-            _require_str("tiering_column", self.tiering_column)
 
     @property
     def ordering_columns(self) -> list[str]:
@@ -365,7 +297,7 @@ class SinkConfig:
     @property
     def tombstone_ttl_seconds(self) -> int | None:
         """`tombstone_ttl_hours` in whole seconds, the unit deletes are stamped in."""
-        return None if self.tombstone_ttl_hours is None else round(self.tombstone_ttl_hours * 3600)
+        return self.side_tables.tombstone_ttl_seconds
 
     @property
     def resolved_writer_id(self) -> str:
@@ -377,26 +309,22 @@ class SinkConfig:
 
     @property
     def resolved_quarantine_uri(self) -> str:
-        return self.quarantine_table_uri or _sibling(self.table_uri, "_quarantine")
+        return self.side_tables.quarantine_uri
 
     @property
     def resolved_tombstone_uri(self) -> str:
-        return self.tombstone_table_uri or _sibling(self.table_uri, "_tombstones")
+        return self.side_tables.tombstone_uri
 
     def tags_on_driver(self, master: str) -> bool:
-        """Where tagging runs under this Spark master. "auto": the driver when a local master
-        runs the driver and the only executor in one process (local-cluster does not)."""
-        if self.tag_on == "auto":
-            return master == "local" or master.startswith("local[")
-        return self.tag_on == "driver"
+        return self.runtime.tags_on_driver(master)
 
     @property
     def resolved_changelog_uri(self) -> str:
-        return self.changelog_uri or _sibling(self.table_uri, "_index_changelog")
+        return self.side_tables.changelog_uri
 
     @property
     def incoming_wins_ties(self) -> bool:
-        return self.ties == "incoming"
+        return self.stream.incoming_wins_ties
 
 
 _PATH_KEYS = ("table_uri", "checkpoint_dir", "index_dir", "quarantine_table_uri", "tombstone_table_uri",
@@ -431,43 +359,3 @@ def _resolve(value: str, base_dir: Path) -> str:
 
 def _normalize(uri: str) -> str:
     return uri if "://" in uri else os.path.abspath(uri).rstrip("/")
-
-
-def _sibling(uri: str, suffix: str) -> str:
-    return uri.rstrip("/") + suffix
-
-
-def _require_str(name: str, value: object) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
-
-
-def _require_columns(name: str, value: object, allow_empty: bool) -> None:
-    if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
-        raise ConfigError(f"{name} must be a list of column names, got {value!r}")
-    if not value and not allow_empty:
-        raise ConfigError(f"{name} must name at least one column")
-    if len(set(value)) != len(value):
-        raise ConfigError(f"{name} lists a column twice: {value!r}")
-
-
-def _require_choice(name: str, value: object, accepted: tuple[str, ...]) -> None:
-    if value not in accepted:
-        raise ConfigError(f"{name} = {value!r} is not accepted; accepted values: {list(accepted)}")
-
-
-def _require_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
-
-
-def _require_hours(name: str, value: object, high: int) -> None:
-    """A number of hours from one second (1/3600) to `high`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value * 3600 <= high * 3600:
-        raise ConfigError(f"{name} must be a number of hours from 1/3600 (one second) to {high}, fractions "
-                          f"allowed (0.5 = 30 minutes), got {value!r}")
-
-
-def _require_int(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer from {low} to {high}, got {value!r}")

@@ -1,0 +1,52 @@
+"""SinkConfig's flat keys grouped into typed sections, and the task context built from them."""
+
+import typing
+
+import pyarrow as pa
+import pytest
+
+from sink import config_sections as sections
+from sink.config import SinkConfig
+from sink.errors import ConfigError
+from sink.task_context import task_context
+
+BASE = dict(table_uri="/data/t", key=["store", "sku"], partition_by=["store"], ordering=["ts", "seq"],
+            checkpoint_dir="/data/cp")
+
+
+def test_each_section_holds_its_keys_typed():
+    cfg = SinkConfig(**BASE, partition_date=None, hot_cache_entries=5, tombstone_ttl_hours=0.5, delete_when="op = 'd'")
+    assert cfg.table == sections.TableSection("/data/t", ("store", "sku"), ("store",), ("ts", "seq"), "partitioned", ())
+    assert cfg.table.tombstone_columns == ["store", "sku", "ts", "seq"]  # the key's partition column once
+    assert (cfg.index.hot_cache_entries, cfg.index.block_cache_bytes) == (5, 64 << 20)
+    assert cfg.side_tables == sections.SideTablesSection("/data/t_quarantine", "/data/t_tombstones", 1800,
+                                                         "/data/t_index_changelog", 1000)
+    assert cfg.stream.incoming_wins_ties and cfg.stream.delete_when == "op = 'd'"
+    assert cfg.commit == sections.CommitSection("deltalake", "auto", 3, None, "/data/cp")
+    assert cfg.runtime.tags_on_driver("local[2]") and not cfg.runtime.tags_on_driver("local-cluster[2,1,1024]")
+    assert cfg.history == sections.HistorySection(1, None, None)
+
+
+def test_the_modes_are_literal_types_whose_values_the_checks_accept():
+    hints = typing.get_type_hints(sections.TableSection)
+    assert typing.get_args(hints["scope"]) == sections.SCOPES == ("partitioned", "global")
+    assert typing.get_args(typing.get_type_hints(sections.RuntimeSection)["tag_on"]) == ("auto", "executors", "driver")
+    accepted = r"commit_mode = 'always' is not accepted; accepted values: \['auto', 'merge'\]"
+    with pytest.raises(ConfigError, match=accepted):
+        SinkConfig(**BASE, commit_mode="always")
+
+
+def test_a_section_checks_its_keys_when_the_config_is_made_and_when_changed_after():
+    cfg = SinkConfig(**BASE)
+    cfg.peek_max_keys = -1  # a dataclass: a field can be set after the check
+    with pytest.raises(ConfigError, match="peek_max_keys must be an integer from 0 to 1000000, got -1"):
+        cfg.index  # noqa: B018
+
+
+def test_the_task_context_takes_the_sections_whole():
+    cfg = SinkConfig(**BASE, scd_type=2, ignore_null_updates=True, tombstone_ttl_hours=2)
+    ctx = task_context(cfg, table_id="tid", table_version=3, writer_id="w", batch_id=4, num_shards=2,
+                       output_schema=pa.schema([]), now=10.0)
+    assert (ctx.table, ctx.stream, ctx.index) == (cfg.table, cfg.stream, cfg.index)
+    assert (ctx.tombstone_uri, ctx.tombstone_ttl_seconds, ctx.history) == ("/data/t_tombstones", 7200, True)
+    assert not ctx.ignore_null_updates  # a history table fills nulls when it rebuilds, not in the tasks
