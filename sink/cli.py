@@ -19,7 +19,6 @@ from deltalake import DeltaTable
 from sink.columns import distinct
 from sink.config import SinkConfig
 from sink.errors import SinkError
-from sink.executor import default_index_root
 from sink.index import changelog, holder
 from sink.index.catchup import catch_up
 from sink.index.entry import Entry, unpack_many
@@ -30,6 +29,8 @@ from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
+from sink.library_errors import first_line
+from sink.task_context import default_index_root
 from sink.tombstones import compact
 
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
@@ -106,7 +107,7 @@ def inspect(ctx: Context, wait_s: float = HOLDER_WAIT_S) -> dict:
             replica = ShardReplica.open_read_only(path)
         except Exception as e:  # damaged: the sink wipes and rebuilds it on its next open
             shards.append({"shard": shard, "of": of, "path": str(path), **state,
-                           "error": str(e).splitlines()[0], "partitions": []})
+                           "error": first_line(e), "partitions": []})
             continue
         with replica:
             sizes = replica.keyspaces.partition_sizes()
@@ -226,7 +227,7 @@ def verify(ctx: Context, wait_s: float = HOLDER_WAIT_S) -> list[dict]:
             results.append(_verify_shard(ctx.cfg, shard, of, path))
         except Exception as e:  # reported per shard; the sink wipes and rebuilds such a replica
             results.append({"shard": shard, "of": of, "version": None, "entries_checked": 0, "mismatches": 0,
-                            "examples": [], "error": str(e).splitlines()[0]})
+                            "examples": [], "error": first_line(e)})
     return results
 
 

@@ -18,18 +18,10 @@ tombstone table.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
-import socket
-import tempfile
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -39,10 +31,10 @@ from deltalake import DeltaTable
 from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
-from sink.errors import ReplicaLockedError, ReplicaLostError
-from sink.index import changelog, history_locations, holder, registry, worker_replicas
+from sink.errors import ReplicaLostError
+from sink.index import changelog, history_locations, registry, worker_replicas
 from sink.index.catchup import catch_up
-from sink.index.entry import expire_before, ordering_names
+from sink.index.entry import ordering_names
 from sink.index.lifecycle import (
     PEEKS_BEFORE_LOAD,
     ShardSource,
@@ -53,144 +45,27 @@ from sink.index.lifecycle import (
     table_partitions,
 )
 from sink.index.loader import read_changes
-from sink.index.registry import close_kept_open, is_kept_open, wipe_damaged
+from sink.index.registry import wipe_damaged
 from sink.index.replica import ShardReplica
-from sink.index.spec import GLOBAL, replica_path, replica_spec
+from sink.index.spec import GLOBAL, replica_path
 from sink.lakehouse import open_tables
 from sink.lakehouse.delta_rs import rows_in
 from sink.lakehouse.log import read_commit
-from sink.library_errors import is_corruption
+from sink.library_errors import first_line, is_corruption
 from sink.moves import keep_stored_values, placed
 from sink.ordering import helper_columns
 from sink.outcomes import QUARANTINED, record_partitions, summary
 from sink.partial import fold_nulls
-from sink.placement import AMBIGUOUS, PLACEMENTS, place_deletes, unplaced_deletes
+from sink.placement import AMBIGUOUS, place_deletes, unplaced_deletes
 from sink.tagging import DELETE, INSERT, TOMBSTONE, tag, tag_global
+from sink.task_context import TaskContext
+from sink.task_stats import TaskStats
 from sink.writing import HISTORY_EVENT
 
 log = logging.getLogger(__name__)
 
-INDEX_SUBDIR = "upsert-sink-index"
 # A valid delete record, passed on to the driver for the tombstone table (write_files).
 DELETE_RECORD_OP = "_delete_record"
-
-
-@dataclass(frozen=True)
-class TaskContext:
-    """Everything a tagging task needs, pickled from the driver."""
-
-    table_uri: str
-    tombstone_uri: str
-    table_id: str
-    table_version: int
-    writer_id: str
-    batch_id: int
-    key_cols: tuple[str, ...]
-    partition_cols: tuple[str, ...]
-    ordering: tuple[str, ...]  # the ordering columns, compared in order
-    num_shards: int
-    incoming_wins_ties: bool
-    # The task's output: the stream's own columns, then the columns of `tagged_schema`.
-    output_schema: pa.Schema
-    now: float  # the driver's clock at batch start (TTLs, access times, deletes' stamps)
-    index_dir: str | None = None  # configured; else under this executor's Spark local dir
-    driver_local_dir: str | None = None  # spark.local.dir as the driver sees it
-    bootstrap_days: int = 7
-    partition_date: str | tuple[str, ...] | None = None
-    partition_date_format: str = "%Y-%m-%d"
-    tiering_column: str | None = None
-    partition_ttl_hours: int = 168
-    index_max_bytes: int | None = None
-    hot_cache_entries: int = 0
-    resident_keys: int = 0
-    block_cache_bytes: int = 64 << 20
-    change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
-    keep_open: bool = False  # tagging in the driver: replicas stay open between batches
-    changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
-    file_order: tuple[int, ...] = ()  # the batch's input files, oldest first (sink.arrival)
-    scope: str = "partitioned"
-    cross_partition_check: int = 0  # new keys per shard checked against the other held partitions
-    # A partition not held that the shard's records name at most this many keys of is read
-    # for them alone, not loaded (sink.index.lifecycle.PEEKS_BEFORE_LOAD); 0: always loaded.
-    peek_max_keys: int = 0
-    ignore_null_updates: bool = False  # an update's null columns keep the stored value (sink.partial)
-    tombstone_ttl_seconds: int | None = None  # stored deletes older than this count as absent
-    deletes: bool = False  # the stream marks deletes (delete_when)
-    write_files: bool = False  # Spark tasks write the batch's files: output shaped for them
-    # A history table (scd_type 2): in global scope an entry locates a key in every partition
-    # its events named (sink.index.history_locations).
-    history: bool = False
-    # The sink object this batch is of: the tables a process keeps open serve only it ("":
-    # nothing kept open; sink.lakehouse.open_tables).
-    sink_instance: str = ""
-
-    @property
-    def expire_before(self) -> int | None:
-        """Deletes stamped before this (seconds since the epoch) have expired; None: never."""
-        return expire_before(self.tombstone_ttl_seconds, self.now)
-
-    @property
-    def shield_pid(self) -> str | None:
-        """Partitioned scope with deletes: the partition keeping deletes that named no
-        partition and found no row (sink.placement); every replica holds it."""
-        if self.scope == "global" or not self.partition_cols or not self.deletes:
-            return None
-        return keys.null_partition_id(self.partition_cols)
-
-    @property
-    def spec(self) -> str:
-        return replica_spec(self.key_cols, self.partition_cols, self.ordering, self.scope)
-
-    def index_root(self) -> str:
-        return self.index_dir or default_index_root(self.driver_local_dir)
-
-    def changelog_header(self) -> changelog.Header:
-        return changelog.Header(self.table_id, self.writer_id, self.batch_id, self.num_shards, self.spec)
-
-
-def spark_local_dirs(env: dict[str, str] | None = None) -> list[str]:
-    """This process's Spark local dirs, found the way Spark finds them: YARN's LOCAL_DIRS in a
-    YARN container, else SPARK_EXECUTOR_DIRS (standalone workers), else SPARK_LOCAL_DIRS
-    (Kubernetes, and what PySpark hands its workers). Each executor has its own."""
-    env = os.environ if env is None else env
-    if env.get("CONTAINER_ID") and env.get("LOCAL_DIRS"):
-        dirs = env["LOCAL_DIRS"].split(",")
-    elif env.get("SPARK_EXECUTOR_DIRS"):
-        dirs = env["SPARK_EXECUTOR_DIRS"].split(os.pathsep)
-    else:
-        dirs = env.get("SPARK_LOCAL_DIRS", "").split(",")
-    return [d for d in dirs if d]
-
-
-def default_index_root(driver_local_dir: str | None = None, env: dict[str, str] | None = None) -> str:
-    """Under this executor's first Spark local dir, else the driver's spark.local.dir, else the
-    system temp dir; never bare /tmp itself."""
-    dirs = spark_local_dirs(env) or [d for d in (driver_local_dir or "").split(",") if d]
-    return os.path.join(dirs[0] if dirs else tempfile.gettempdir(), INDEX_SUBDIR)
-
-
-# Where a tagging task's time goes, in order: opening the replica, catching it up, loading
-# partitions, placing deletes without a partition, building the inputs, index lookups,
-# classifying, the cross-partition check, staging the changes, eviction and size gauges,
-# closing (flushing) the replica, building the output.
-TAG_STEPS = ("open", "catch_up", "load", "place", "inputs", "lookup", "classify", "cross_check", "stage", "upkeep",
-             "close", "output")
-
-# Why partitions load: a new replica's hot window, first use, or a commit that changed them.
-LOAD_REASONS = ("bootstrap", "on_demand", "invalidated")
-
-
-def new_stats() -> dict:
-    return {
-        "shard_ids": [], "loads": dict.fromkeys(LOAD_REASONS, 0), "load_seconds": 0.0, "loaded_keys": 0,
-        "commits_read": 0, "invalidated": 0, "evicted": 0, "rebuilt": 0, "replicas_repaired": 0, "shard_moves": 0,
-        "changelog_applied": 0,
-        "lookups": {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0, "table": 0, "table_miss": 0}, "peeks": 0,
-        "partitions_held": 0, "cached_records": 0,
-        "cached_bytes": 0, "tag_seconds": 0.0,
-        "cross_partition_checked": 0, "cross_partition_keys": 0, "cross_partition_example": None,
-        "without_partition": dict.fromkeys(PLACEMENTS, 0), "tag_steps": dict.fromkeys(TAG_STEPS, 0.0),
-    }
 
 
 def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -198,7 +73,7 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
     then report stats."""
     batches = list(batches)
     records = pa.Table.from_batches(batches) if batches else None
-    stats = new_stats()
+    stats = TaskStats()
     parts = []
     if records is not None and records.num_rows:
         bad = pc.is_valid(records.column(C.REASON))
@@ -211,8 +86,8 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
             parts.append(_tag_shard(ctx, int(shard), rows, stats).cast(ctx.output_schema))
     if parts:
         out = pa.concat_tables(parts)
-        pids = record_partitions(out, list(ctx.partition_cols), ctx.scope)
-        stats.update(summary(out, pids, ctx.scope, list(ctx.partition_cols)))
+        pids = record_partitions(out, list(ctx.table.partition_by), ctx.table.scope)
+        stats = dataclasses.replace(stats, **summary(out, pids, ctx.table.scope, list(ctx.table.partition_by)))
         if ctx.write_files:
             out = _for_writing(ctx, out, pids)
         yield from out.to_batches()
@@ -230,13 +105,13 @@ def _for_writing(ctx: TaskContext, records: pa.Table, pids: pa.Array) -> pa.Tabl
         writes = records.filter(pc.is_null(records.column(C.REASON)))
         writes = writes.set_column(writes.schema.get_field_index(C.WRITE), C.WRITE,
                                    pa.array([HISTORY_EVENT] * writes.num_rows, pa.string()))
-    elif ctx.scope == "global":
-        writes = placed(writes, pids.filter(written), ctx.partition_cols)
+    elif ctx.table.scope == "global":
+        writes = placed(writes, pids.filter(written), ctx.table.partition_by)
         if ctx.ignore_null_updates:
-            table = DeltaTable(ctx.table_uri, version=ctx.table_version)
+            table = DeltaTable(ctx.table.table_uri, version=ctx.table_version)
             writes = keep_stored_values(writes, lambda p, cols: rows_in(table, p, cols),
-                                        pa.schema(table.schema().to_arrow()).names, ctx.key_cols,
-                                        ctx.partition_cols, ctx.ordering)
+                                        pa.schema(table.schema().to_arrow()).names, ctx.table.key,
+                                        ctx.table.partition_by, ctx.table.ordering)
     quarantined = pc.fill_null(pc.equal(op, QUARANTINED), False)
     deletes = records.filter(pc.and_(pc.fill_null(records.column(C.DELETE), False), pc.invert(quarantined)))
     deletes = deletes.set_column(deletes.schema.get_field_index(C.OP), C.OP,
@@ -246,111 +121,7 @@ def _for_writing(ctx: TaskContext, records: pa.Table, pids: pa.Array) -> pa.Tabl
     return pa.concat_tables([records.filter(quarantined), deletes, writes.cast(ctx.output_schema)])
 
 
-def tag_locally(ctx: TaskContext, records: pa.Table, threads: int) -> pa.Table:
-    """The tagging tasks run in this process instead of Spark's, one thread per shard."""
-    shards = pc.unique(records.column(C.SHARD)).to_pylist() if records.num_rows else []
-
-    def one(shard) -> pa.Table:
-        rows = records.filter(pc.equal(records.column(C.SHARD), shard)) if shard is not None else records
-        return pa.Table.from_batches(list(tag_batches(ctx, iter(rows.to_batches()))), schema=ctx.output_schema)
-
-    if threads <= 1 or len(shards) <= 1:
-        return pa.concat_tables([one(s) for s in shards or [None]])
-    with ThreadPoolExecutor(max_workers=min(threads, len(shards))) as pool:
-        return pa.concat_tables(list(pool.map(one, shards)))
-
-
-def catch_up_kept_open(ctx: TaskContext) -> dict:
-    """Tagging in this process: bring the shard replicas it keeps open to the batch's table
-    version, as each shard's tagging would do first (promote the last batch's staged entries,
-    apply other writers' commits). The sink runs it after each commit (`catch_up_after_commit`),
-    and for what is left while it collects the next batch's records, which leaves the tagging
-    only the lookups. A replica that fails here is left to its shard's tagging, which repairs
-    it or reports the error. Returns what it did, as a tagging task's stats (no shard tagged)."""
-    stats = new_stats()
-    for shard in range(ctx.num_shards):
-        path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
-        if not is_kept_open(path):
-            continue
-        try:
-            # Not flushed: the shard's tagging flushes it when due (FLUSH_EVERY_S), and a flush
-            # here would compete with Spark's job for the CPU.
-            with _replica(ctx, path, flush=False) as replica, LazySource(ctx, shard) as source:
-                prepare_replica(ctx, replica, source, shard, stats)
-        except Exception as e:
-            log.info("replica %s not caught up ahead of tagging (%s); its tagging catches it up",
-                     path, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    return stats
-
-
-# Driver tagging: catch-ups of the kept-open replicas to a batch's commit, started once it
-# committed and run while Spark records the batch and plans the next, so that the next batch's
-# collect runs without one beside it. Per table's replicas, in the order started; one thread
-# for the process, so two never run on one replica (a sink restarted in the process finds
-# the last one's pending and waits for it).
-_BETWEEN = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-catch-up")
-_PENDING: dict[Path, list[Future]] = {}
-_PENDING_LOCK = threading.Lock()
-
-
-def catch_up_after_commit(ctx: TaskContext) -> None:
-    """Start bringing the replicas this process keeps open for `ctx`'s table to
-    `ctx.table_version` (the batch's commit) in the background."""
-    with _PENDING_LOCK:
-        _PENDING.setdefault(kept_open_dir(ctx), []).append(_BETWEEN.submit(_after_commit, ctx))
-
-
-def _after_commit(ctx: TaskContext) -> dict:
-    """`catch_up_kept_open`, then the tables kept open for the replicas' reads brought to the
-    commit too: a batch's loads and reads of few keys then skip reading the log (5-8 ms)."""
-    stats = catch_up_kept_open(ctx)
-    open_tables.bring_forward(ctx.table_uri, ctx.sink_instance, ctx.table_version)
-    open_tables.bring_forward(ctx.tombstone_uri, ctx.sink_instance)
-    return stats
-
-
-def caught_up_kept_open(ctx: TaskContext) -> list[dict]:
-    """The kept-open replicas of `ctx`'s table brought to its version: the catch-ups started
-    after earlier commits finish first (their work counts in this batch), then the rest
-    (other writers' commits since). The stats of each, as tagging tasks' stats."""
-    return [*wait_caught_up(kept_open_dir(ctx)), catch_up_kept_open(ctx)]
-
-
-def wait_caught_up(under: Path) -> list[dict]:
-    """Wait for the catch-ups started for the replicas under `under` (`kept_open_dir`); their stats."""
-    with _PENDING_LOCK:
-        pending = _PENDING.pop(under, [])
-    return [f.result() for f in pending]
-
-
-def kept_open_dir(ctx: TaskContext) -> Path:
-    """Where the replicas of `ctx`'s table are (kept open by driver tagging)."""
-    return Path(ctx.index_root()) / ctx.table_id
-
-
-def release_replicas(ctx: TaskContext, _rows) -> Iterator[str]:
-    """A task of the job a stream's end runs (`UpsertSink.close`): the replicas of `ctx`'s
-    table on this executor checkpointed and closed, whichever of its Python workers keeps
-    them, so that Spark's stop leaves them clean (a worker killed first leaves its replicas
-    dirty, rebuilt by the next run). Yields which executor it ran on: its Python workers'
-    parent (the executor's worker daemon) on this host."""
-    table_dir = Path(ctx.index_root()) / ctx.table_id
-    close_kept_open(under=table_dir)  # this worker's own
-    for path in sorted(table_dir.glob("shard-*")):
-        held = holder.read(path)
-        if held is None or not held.alive():
-            continue  # closed, or left dirty by a process that is gone (rebuilt on its next open)
-        try:
-            with ShardReplica.open_read_only(path) as view:
-                spec = view.spec
-            # The worker keeping it sees the open's release request, checkpoints it and lets go.
-            ShardReplica.open(path, spec).close()
-        except ReplicaLockedError as e:  # held by a process that does not let go (a driver's)
-            log.warning("%s: not released; rebuilt if left dirty", e)
-    yield f"{socket.gethostname()}:{os.getppid()}"
-
-
-def stats_table(ctx: TaskContext, stats: dict) -> pa.Table:
+def stats_table(ctx: TaskContext, stats: TaskStats) -> pa.Table:
     """`stats` as the one-row table a tagging task ends its output with."""
     return pa.Table.from_batches([_stats_batch(ctx.output_schema, stats)])
 
@@ -386,20 +157,23 @@ class LazySource:
     def get(self) -> ShardSource:
         if self._source is None:
             ctx = self._ctx
-            table = self._borrowed.enter_context(open_tables.lend(ctx.table_uri, ctx.sink_instance, ctx.table_version))
+            table = self._borrowed.enter_context(
+                open_tables.lend(ctx.table.table_uri, ctx.sink_instance, ctx.table_version))
             tombstones = (self._borrowed.enter_context(open_tables.lend(ctx.tombstone_uri, ctx.sink_instance))
                           if DeltaTable.is_deltatable(ctx.tombstone_uri) else None)
-            self._source = ShardSource.of(table, tombstones, ctx.key_cols, ctx.ordering, self._shard, ctx.num_shards,
-                                          ctx.partition_cols, ctx.history)
+            self._source = ShardSource.of(table, tombstones, ctx.table.key, ctx.table.ordering, self._shard,
+                                          ctx.num_shards,
+                                          ctx.table.partition_by, ctx.history)
         return self._source
 
 
-def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource, shard: int, stats: dict) -> None:
+def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource, shard: int,
+                    stats: TaskStats) -> None:
     """Catch the replica up to the batch's table version; bootstrap it if it was emptied."""
     changes = own_changes = None
     if ctx.change_data_feed:
         def changes(v: int):
-            return read_changes(source.get().table, v, ctx.key_cols, ctx.partition_cols, ctx.ordering,
+            return read_changes(source.get().table, v, ctx.table.key, ctx.table.partition_by, ctx.table.ordering,
                                 shard, ctx.num_shards)
     if ctx.changelog_uri:
         def own_changes(read_version: int, batch: int):
@@ -407,24 +181,24 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource,
             return changelog.read(ctx.changelog_uri, read_version, header, shard)
     report = catch_up(
         replica, ctx.table_version,
-        lambda v: read_commit(ctx.table_uri, v, list(ctx.partition_cols)),
+        lambda v: read_commit(ctx.table.table_uri, v, list(ctx.table.partition_by)),
         ctx.writer_id, shard, changes, own_changes, ctx.num_shards,
     )
-    stats["commits_read"] += report.commits_read
-    stats["invalidated"] += len(report.invalidated)
-    stats["changelog_applied"] += report.changelog_applied
-    stats["shard_moves"] += report.moved_batches > 0
+    stats.commits_read += report.commits_read
+    stats.invalidated += len(report.invalidated)
+    stats.changelog_applied += report.changelog_applied
+    stats.shard_moves += report.moved_batches > 0
     if report.rebuilt is not None:
-        stats["rebuilt"] += 1
+        stats.rebuilt += 1
         booted = bootstrap(
-            replica, source.get(), ctx.partition_cols, (ctx.partition_date, ctx.partition_date_format),
-            ctx.tiering_column, ctx.bootstrap_days, ctx.now,
+            replica, source.get(), ctx.table.partition_by, (ctx.index.partition_date, ctx.index.partition_date_format),
+            ctx.index.tiering_column, ctx.index.bootstrap_days, ctx.now,
         )
         _count_loads(stats, {"bootstrap": booted.partitions}, booted)
     replica.keyspaces.hold_wanted()
 
 
-def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.Table:
+def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats) -> pa.Table:
     """Tag one shard's records; a replica found damaged while reading is wiped and the
     shard tagged again on a rebuilt one (damage found on open is repaired by the open)."""
     path = replica_path(ctx.index_root(), ctx.table_id, shard, ctx.num_shards)
@@ -436,20 +210,20 @@ def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict) -> pa.
         if not is_corruption(e):
             raise
         wipe_damaged(path, e)
-    stats["replicas_repaired"] += 1
+    stats.replicas_repaired += 1
     return _tag_shard_on(ctx, shard, rows, stats, path)
 
 
-def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, path) -> pa.Table:
-    clock = StepClock(stats["tag_steps"])
-    pids = keys.partition_ids(rows, ctx.partition_cols)
-    located = ctx.scope == "global"
-    unplaced = np.zeros(rows.num_rows, bool) if located else unplaced_deletes(rows, ctx.partition_cols,
+def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats, path) -> pa.Table:
+    clock = StepClock(stats.tag_steps)
+    pids = keys.partition_ids(rows, ctx.table.partition_by)
+    located = ctx.table.scope == "global"
+    unplaced = np.zeros(rows.num_rows, bool) if located else unplaced_deletes(rows, ctx.table.partition_by,
                                                                                rows.column(C.DELETE))
     quarantined = None
-    with _replica(ctx, path) as replica, LazySource(ctx, shard) as source:
+    with use_replica(ctx, path) as replica, LazySource(ctx, shard) as source:
         clock.lap("open")
-        stats["replicas_repaired"] += replica.repaired is not None
+        stats.replicas_repaired += replica.repaired is not None
         prepare_replica(ctx, replica, source, shard, stats)
         clock.lap("catch_up")
         needed, everywhere, peeked = _hold(ctx, replica, source, pids, rows.column(C.KEY), unplaced.any(), stats)
@@ -459,7 +233,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             needed = list(dict.fromkeys([*needed, *pc.unique(pids).to_pylist()]))
             clock.lap("place")
         replica.touch(needed, ctx.now)
-        orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.ordering))]
+        orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.table.ordering))]
         inputs = (rows.column(C.KEY).combine_chunks(), pids, orderings, rows.column(C.DELETE).combine_chunks(),
                   arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order))
         expiry = {"now": int(ctx.now), "expire_before": ctx.expire_before}
@@ -471,10 +245,10 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
                 answered[:] = [looked_up, replica.lookup_packed(GLOBAL, looked_up)]
                 return answered[1]
 
-            result = tag_global(*inputs, clock.timed("lookup", lookup), ctx.incoming_wins_ties, **expiry)
+            result = tag_global(*inputs, clock.timed("lookup", lookup), ctx.stream.incoming_wins_ties, **expiry)
             if ctx.history:
                 changes, stored = history_locations.widen(result.changes, inputs[0], pids, *answered,
-                                                          len(ctx.ordering))
+                                                          len(ctx.table.ordering))
                 result = dataclasses.replace(result, changes=changes, stored_at=stored)
             clock.lap("classify")
         else:
@@ -482,7 +256,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
             if ctx.shield_pid is not None and not replica.keyspaces.is_empty(ctx.shield_pid):
                 shield = (ctx.shield_pid, clock.timed("lookup", lambda ks: replica.peek(ctx.shield_pid, ks)))
             result = tag(*inputs, clock.timed("lookup", _with_peeked(replica.lookup_packed, peeked, stats)),
-                         ctx.incoming_wins_ties, **expiry, shield=shield)
+                         ctx.stream.incoming_wins_ties, **expiry, shield=shield)
             clock.lap("classify")
             _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
             clock.lap("cross_check")
@@ -491,21 +265,21 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         if source.opened:  # a cold batch anyway: hold now what its lookups asked for, not in the next one
             replica.keyspaces.hold_wanted()
         for tier, n in replica.lookups.items():
-            stats["lookups"][tier] += n
-        stats["evicted"] += len(evict(replica, ctx.now, ctx.partition_ttl_hours, ctx.index_max_bytes,
+            stats.lookups[tier] += n
+        stats.evicted += len(evict(replica, ctx.now, ctx.index.partition_ttl_hours, ctx.index.index_max_bytes,
                                       {*needed, *everywhere}))
-        sizes = _sizes(replica, ctx.now, fresh=ctx.index_max_bytes is not None)
-        stats["partitions_held"] += len([pid for pid in sizes if pid != ctx.shield_pid])  # table partitions
-        stats["cached_records"] += sum(e for e, _ in sizes.values())
-        stats["cached_bytes"] += sum(b for _, b in sizes.values())
+        sizes = _sizes(replica, ctx.now, fresh=ctx.index.index_max_bytes is not None)
+        stats.partitions_held += len([pid for pid in sizes if pid != ctx.shield_pid])  # table partitions
+        stats.cached_records += sum(e for e, _ in sizes.values())
+        stats.cached_bytes += sum(b for _, b in sizes.values())
         clock.lap("upkeep")
     clock.lap("close")
-    stats["shard_ids"].append(shard)
+    stats.shard_ids.append(shard)
     kept = C.stream_columns(rows.column_names) + [
-        C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.ordering))]
+        C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.table.ordering))]
     partial = pa.nulls(rows.num_rows, pa.bool_())
     if ctx.ignore_null_updates:
-        keys_only = (*ctx.key_cols, *ctx.partition_cols, *ctx.ordering)
+        keys_only = (*ctx.table.key, *ctx.table.partition_by, *ctx.table.ordering)
         values = [n for n in C.stream_columns(rows.column_names) if n not in keys_only]
         groups = inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
         rows, partial = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write)
@@ -522,7 +296,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: dict, pat
         changelog.write(ctx.changelog_uri, ctx.table_version, ctx.changelog_header(), shard,
                         result.changes if located and ctx.history else _changelog_entries(ctx, tagged, pids))
     clock.lap("output")
-    stats["tag_seconds"] += clock.total
+    stats.tag_seconds += clock.total
     return tagged if quarantined is None else pa.concat_tables([tagged.cast(ctx.output_schema), quarantined])
 
 
@@ -532,13 +306,13 @@ def _changelog_entries(ctx: TaskContext, tagged: pa.Table, pids: pa.Array) -> pa
     written = pc.is_valid(tagged.column(C.WRITE))
     writes = tagged.filter(written)
     write = writes.column(C.WRITE)
-    if ctx.scope == "global":
+    if ctx.table.scope == "global":
         where = writes.column(C.LOCATION)
     else:
         where = pids.filter(written)
-        if ctx.partition_cols:
-            where = pc.fill_null(where, keys.null_partition_id(ctx.partition_cols))
-    width = len(ctx.ordering)
+        if ctx.table.partition_by:
+            where = pc.fill_null(where, keys.null_partition_id(ctx.table.partition_by))
+    width = len(ctx.table.ordering)
     deleted = pc.or_(pc.equal(write, DELETE), pc.equal(write, TOMBSTONE))
     return pa.table({
         "pid": where,
@@ -581,13 +355,13 @@ class StepClock:
 
 
 def _hold(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: pa.Array, keys_: pa.Array,
-          unplaced: bool, stats: dict) -> tuple[list[str], list[str], dict[str, dict[bytes, bytes]]]:
+          unplaced: bool, stats: TaskStats) -> tuple[list[str], list[str], dict[str, dict[bytes, bytes]]]:
     """Load what tagging records of partitions `pids` (keys `keys_`) needs and the replica
     lacks: their partitions (the keyspace in global scope), the shield, and with deletes that
     name no partition (`unplaced`) every partition of the table; partitions it lacks that the
     records name few keys of are read for those keys instead (`_peek`). Returns (partitions
     the records use, every partition of the table or none, the entries read per partition)."""
-    if ctx.scope == "global":
+    if ctx.table.scope == "global":
         _load_missing(ctx, replica, source, [GLOBAL], stats)
         return [GLOBAL], [], {}
     needed = pc.unique(pids).drop_null().to_pylist()
@@ -605,24 +379,25 @@ def _hold(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: pa.
 
 
 def _peek(ctx: TaskContext, replica: ShardReplica, source: LazySource, needed: list[str], pids: pa.Array,
-          keys_: pa.Array, stats: dict) -> dict[str, dict[bytes, bytes]]:
+          keys_: pa.Array, stats: TaskStats) -> dict[str, dict[bytes, bytes]]:
     """Partitions among `needed` the replica lacks (none it dropped for another writer's
     commit: those were in use and load again), of which the records name at most
     `peek_max_keys` keys: read for those keys alone (the entries a load would give them),
     unless this would be the partition's PEEKS_BEFORE_LOAD-th read within
     `partition_ttl_hours` (it loads then). Nothing of them is written to the replica: a batch
     with a few late records for a cold partition does not pay for indexing all of it."""
-    if ctx.peek_max_keys <= 0:
+    if ctx.index.peek_max_keys <= 0:
         return {}
     # Not a partition a commit of another writer dropped: it was in use, it loads again.
     missing = [p for p in needed if not replica.has_partition(p) and not replica.meta.was_invalidated(p)]
-    window_s = ctx.partition_ttl_hours * 3600
+    window_s = ctx.index.partition_ttl_hours * 3600
     wanted = {}
     for pid, named in keys_per_partition(pids, keys_, missing).items():
-        if len(named) <= ctx.peek_max_keys and replica.meta.record_peek(pid, ctx.now, window_s) < PEEKS_BEFORE_LOAD:
+        if (len(named) <= ctx.index.peek_max_keys
+                and replica.meta.record_peek(pid, ctx.now, window_s) < PEEKS_BEFORE_LOAD):
             wanted[pid] = named
     peeked = peek_partitions(source.get(), wanted) if wanted else {}
-    stats["peeks"] += len(peeked)
+    stats.peeks += len(peeked)
     return peeked
 
 
@@ -637,7 +412,7 @@ def keys_per_partition(pids: pa.Array, keys_: pa.Array, among: Sequence[str]) ->
     return {pid: distinct.values for pid, distinct in zip(pids_named, grouped.column("k_distinct"))}
 
 
-def _with_peeked(lookup, peeked: Mapping[str, Mapping[bytes, bytes]], stats: dict):
+def _with_peeked(lookup, peeked: Mapping[str, Mapping[bytes, bytes]], stats: TaskStats):
     """`lookup`, but answered from the entries read for them in the partitions `peeked`."""
     if not peeked:
         return lookup
@@ -648,14 +423,15 @@ def _with_peeked(lookup, peeked: Mapping[str, Mapping[bytes, bytes]], stats: dic
             return lookup(pid, keys_)
         raws = [entries.get(k) for k in keys_]
         found = sum(r is not None for r in raws)
-        stats["lookups"]["table"] += found
-        stats["lookups"]["table_miss"] += len(raws) - found
+        stats.lookups["table"] += found
+        stats.lookups["table_miss"] += len(raws) - found
         return raws
 
     return answered
 
 
-def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str], stats: dict) -> None:
+def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str],
+                  stats: TaskStats) -> None:
     """Load the partitions of `pids` the replica lacks, all together."""
     missing = [p for p in pids if not replica.has_partition(p)]
     if missing:
@@ -666,18 +442,18 @@ def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, p
 
 
 def _place(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.Array, unplaced: np.ndarray,
-           stats: dict) -> tuple[pa.Table, pa.Array, pa.Table]:
+           stats: TaskStats) -> tuple[pa.Table, pa.Array, pa.Table]:
     """Place the deletes that name no partition (sink.placement; the replica holds every
     partition of the table): the records left to tag with their partition columns set, their
     partition ids, and the ambiguous ones as quarantined output."""
     encoded = rows.column(C.KEY).combine_chunks().cast(pa.binary())
     live = replica.keyspaces.live_partitions(encoded.filter(pa.array(unplaced)).to_pylist())
     deletes = pc.fill_null(rows.column(C.DELETE), False).to_numpy(zero_copy_only=False)
-    placement = place_deletes(encoded, pids, unplaced, deletes, live, ctx.shield_pid, ctx.partition_cols)
+    placement = place_deletes(encoded, pids, unplaced, deletes, live, ctx.shield_pid, ctx.table.partition_by)
     for outcome, n in (("located", placement.located), ("unknown", placement.unknown),
                        (AMBIGUOUS, len(placement.reasons))):
-        stats["without_partition"][outcome] += n
-    rows = keys.with_partition_values(rows, placement.pids, ctx.partition_cols)
+        stats.without_partition[outcome] += n
+    rows = keys.with_partition_values(rows, placement.pids, ctx.table.partition_by)
     bad = rows.filter(pa.array(placement.ambiguous))
     bad = bad.set_column(bad.schema.get_field_index(C.REASON), C.REASON, pa.array(placement.reasons, pa.string()))
     kept = pa.array(~placement.ambiguous)
@@ -685,28 +461,28 @@ def _place(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.Arr
 
 
 def _check_cross_partition(ctx: TaskContext, replica: ShardReplica, encoded: pa.Array, pids: pa.Array,
-                           write: pa.Array, stats: dict) -> None:
+                           write: pa.Array, stats: TaskStats) -> None:
     """Partitioned scope: are new keys already stored in another partition (a second row)?
     Up to `cross_partition_check` inserted keys per shard, spread over the batch, are looked
     up in the replica's other held partitions; checking every insert would cost a lookup per
     held partition each."""
-    if ctx.cross_partition_check <= 0 or not ctx.partition_cols:
+    if ctx.index.cross_partition_check <= 0 or not ctx.table.partition_by:
         return
     inserted = np.flatnonzero(pc.fill_null(pc.equal(write, INSERT), False).to_numpy(zero_copy_only=False))
-    if len(inserted) > ctx.cross_partition_check:
-        inserted = inserted[np.linspace(0, len(inserted) - 1, ctx.cross_partition_check).astype(np.int64)]
+    if len(inserted) > ctx.index.cross_partition_check:
+        inserted = inserted[np.linspace(0, len(inserted) - 1, ctx.index.cross_partition_check).astype(np.int64)]
     if not len(inserted):
         return
     take = pa.array(inserted)
     checked_keys = encoded.take(take).cast(pa.binary()).to_pylist()
     checked_pids = pids.take(take).to_pylist()
     found = replica.keyspaces.live_elsewhere(checked_keys, checked_pids)
-    stats["cross_partition_checked"] += len(checked_keys)
-    stats["cross_partition_keys"] += len(found)
-    if found and stats["cross_partition_example"] is None:
+    stats.cross_partition_checked += len(checked_keys)
+    stats.cross_partition_keys += len(found)
+    if found and stats.cross_partition_example is None:
         key, stored = next(iter(found.items()))
         own = checked_pids[checked_keys.index(key)]
-        stats["cross_partition_example"] = [key.decode("utf-8", "replace"), own, stored]
+        stats.cross_partition_example = [key.decode("utf-8", "replace"), own, stored]
 
 
 # A replica kept open is flushed at most this often. The WAL is off either way: a process that
@@ -717,7 +493,7 @@ FLUSH_EVERY_S = 60.0
 
 
 @contextmanager
-def _replica(ctx: TaskContext, path, flush: bool = True):
+def use_replica(ctx: TaskContext, path, flush: bool = True):
     """`_use`, where a failure of a replica whose directory was removed during the use is a
     ReplicaLostError (invariant 3: losing the replica costs a rebuild, not the batch)."""
     with _use(ctx, path, flush) as replica:
@@ -726,8 +502,7 @@ def _replica(ctx: TaskContext, path, flush: bool = True):
         except Exception as e:
             if not replica.replaced():
                 raise
-            raise ReplicaLostError(f"replica {path} was removed while in use "
-                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+            raise ReplicaLostError(f"replica {path} was removed while in use ({first_line(e)})") from e
 
 
 @contextmanager
@@ -735,8 +510,8 @@ def _use(ctx: TaskContext, path, flush: bool):
     """The shard's replica for one use: kept open by the driver (`flush`: flushed after the use
     when its last flush is FLUSH_EVERY_S old) or by a reused Python worker (checkpointed in
     the background, sink.index.worker_replicas), else opened and closed."""
-    options = {"hot_cache_entries": ctx.hot_cache_entries, "block_cache_bytes": ctx.block_cache_bytes,
-               "resident_keys": ctx.resident_keys}
+    options = {"hot_cache_entries": ctx.index.hot_cache_entries, "block_cache_bytes": ctx.index.block_cache_bytes,
+               "resident_keys": ctx.index.resident_keys}
     if not ctx.keep_open:
         if worker_replicas.reused_worker():
             with worker_replicas.use(path, ctx.spec, **options) as replica:
@@ -770,16 +545,16 @@ def _sizes(replica: ShardReplica, now: float, fresh: bool) -> dict[str, tuple[in
     return {pid: size for pid, size in sizes.items() if pid in held}
 
 
-def _count_loads(stats: dict, partitions: dict[str, int], report) -> None:
+def _count_loads(stats: TaskStats, partitions: dict[str, int], report) -> None:
     """Count one load: its partitions by reason, its keys and seconds."""
     for reason, n in partitions.items():
-        stats["loads"][reason] += n
-    stats["load_seconds"] += report.seconds
-    stats["loaded_keys"] += report.keys
+        stats.loads[reason] += n
+    stats.load_seconds += report.seconds
+    stats.loaded_keys += report.keys
 
 
-def _stats_batch(schema: pa.Schema, stats: dict) -> pa.RecordBatch:
-    values = {C.OP: C.STATS_OP, C.STATS: json.dumps(stats)}
+def _stats_batch(schema: pa.Schema, stats: TaskStats) -> pa.RecordBatch:
+    values = {C.OP: C.STATS_OP, C.STATS: stats.to_json()}
     arrays = [
         pa.array([values[f.name]], f.type) if f.name in values else pa.nulls(1, f.type)
         for f in schema

@@ -10,8 +10,8 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from sink import placement
 from sink.errors import SinkError
-from sink.executor import LOAD_REASONS
 from sink.lakehouse.delta_rs import COMMIT_KINDS
+from sink.task_stats import LOAD_REASONS
 
 _LABEL = ["sink"]
 

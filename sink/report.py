@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sink.executor import LOAD_REASONS, TAG_STEPS
 from sink.lakehouse.delta_rs import CommitOutcome
 from sink.lakehouse.versions import VERSION_CHANGES
 from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED
 from sink.placement import PLACEMENTS, WITHOUT_PARTITION
 from sink.tagging import UPDATE
+from sink.task_stats import LOAD_REASONS, TAG_STEPS, TaskStats
 
 # Where a batch's time goes, in order. checks: schema, contract and replay checks; prepare:
 # planning the routed records; collect: the records into the driver (tag_on = "driver"), while
@@ -75,7 +75,7 @@ class BatchReport:
     retries: int = 0
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark),
-    # and its steps (sink.executor.TAG_STEPS).
+    # and its steps (sink.task_stats.TAG_STEPS).
     shard_seconds: float = 0.0
     jobs_rerun: int = 0  # tagging jobs Spark aborted after losing an executor, run again
     write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)
@@ -111,33 +111,33 @@ class BatchReport:
     def commit_seconds(self) -> float:
         return self.phases["commit"]
 
-    def add_task_stats(self, stats_rows: list[dict]) -> None:
+    def add_task_stats(self, stats_rows: list[TaskStats]) -> None:
         """The tagging tasks' counts (their stats rows), summed: the records may not be here."""
-        self.ops = {o: sum(s["ops"][o] for s in stats_rows if "ops" in s) for o in OUTCOMES}
-        self.hits = sum(s.get("hits", 0) for s in stats_rows)
-        self.misses = sum(s.get("misses", 0) for s in stats_rows)
+        self.ops = {o: sum(s.ops[o] for s in stats_rows if s.ops is not None) for o in OUTCOMES}
+        self.hits = sum(s.hits for s in stats_rows)
+        self.misses = sum(s.misses for s in stats_rows)
         for reason in self.partition_loads:
-            self.partition_loads[reason] = sum(s["loads"][reason] for s in stats_rows)
-        self.shard_seconds = sum(s["tag_seconds"] for s in stats_rows)
-        self.tag_steps = {step: sum(s["tag_steps"][step] for s in stats_rows) for step in TAG_STEPS}
-        self.memory_hits = sum(s["lookups"]["memory"] for s in stats_rows)
-        self.filter_misses = sum(s["lookups"]["filter"] for s in stats_rows)
-        self.partition_peeks = sum(s["peeks"] for s in stats_rows)
-        self.table_hits = sum(s["lookups"]["table"] for s in stats_rows)
-        self.table_misses = sum(s["lookups"]["table_miss"] for s in stats_rows)
+            self.partition_loads[reason] = sum(s.loads[reason] for s in stats_rows)
+        self.shard_seconds = sum(s.tag_seconds for s in stats_rows)
+        self.tag_steps = {step: sum(s.tag_steps[step] for s in stats_rows) for step in TAG_STEPS}
+        self.memory_hits = sum(s.lookups["memory"] for s in stats_rows)
+        self.filter_misses = sum(s.lookups["filter"] for s in stats_rows)
+        self.partition_peeks = sum(s.peeks for s in stats_rows)
+        self.table_hits = sum(s.lookups["table"] for s in stats_rows)
+        self.table_misses = sum(s.lookups["table_miss"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
                      "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
-            setattr(self, name, sum(s[name] for s in stats_rows))
-        self.replicas_rebuilt = sum(s["rebuilt"] for s in stats_rows)
-        self.keys_in_other_partition = sum(s["cross_partition_keys"] for s in stats_rows)
-        self.keys_checked_in_other_partitions = sum(s["cross_partition_checked"] for s in stats_rows)
+            setattr(self, name, sum(getattr(s, name) for s in stats_rows))
+        self.replicas_rebuilt = sum(s.rebuilt for s in stats_rows)
+        self.keys_in_other_partition = sum(s.cross_partition_keys for s in stats_rows)
+        self.keys_checked_in_other_partitions = sum(s.cross_partition_checked for s in stats_rows)
         self.other_partition_example = next(
-            (s["cross_partition_example"] for s in stats_rows if s["cross_partition_example"]), None)
-        self.replicas_repaired = sum(s["replicas_repaired"] for s in stats_rows)
+            (s.cross_partition_example for s in stats_rows if s.cross_partition_example), None)
+        self.replicas_repaired = sum(s.replicas_repaired for s in stats_rows)
         for outcome in PLACEMENTS:
-            self.without_partition[outcome] = sum(s["without_partition"][outcome] for s in stats_rows)
-        self.without_partition["upsert"] = sum(s.get("upserts_without_partition", 0) for s in stats_rows)
-        self.keys_in_several_partitions = sum(s.get("keys_in_several_partitions", 0) for s in stats_rows)
+            self.without_partition[outcome] = sum(s.without_partition[outcome] for s in stats_rows)
+        self.without_partition["upsert"] = sum(s.upserts_without_partition for s in stats_rows)
+        self.keys_in_several_partitions = sum(s.keys_in_several_partitions for s in stats_rows)
 
     def record_history(self, ops: dict[str, int], written: int, replaced: int, changes: dict[str, int]) -> None:
         """A history batch's counts: its events (insert, update, delete; the tagging tasks'

@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 from deltalake import DeltaTable
 
+from sink.batch.driver_tagger import wait_caught_up
 from sink.cli import Context, verify
-from sink.executor import wait_caught_up
 from sink.index.registry import kept_open
 from sink.index.replica import ShardReplica
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-from sink.executor import spark_local_dirs
+from sink.task_context import spark_local_dirs
 from tests.oracle import (
     SCHEMA,
     Event,
@@ -200,9 +200,9 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         seed_table(cfg.table_uri, seed, cdf=name == "cdf")
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
     if crash:
-        from sink import foreach_batch
+        from sink.batch import executor_tagger
 
-        foreach_batch.write_batches = functools.partial(write_then_kill, str(work))
+        executor_tagger.write_batches = functools.partial(write_then_kill, str(work))
     out = {"stream": name, "batches": [], "exact": True}
     last_occupied = None
     for b, events in enumerate(stream):

@@ -170,7 +170,7 @@ def test_inspect_and_verify_from_another_process_see_the_replicas_a_running_sink
     off): another process's read-only open saw every shard empty, at no version. The holder
     checkpoints a replica when a reader asks, so the live state is shown, and who holds it."""
     from sink import SinkConfig, UpsertSink
-    from sink.executor import wait_caught_up
+    from sink.batch.driver_tagger import wait_caught_up
 
     conf, rows = setup
     conf.write_text(conf.read_text() + 'tag_on = "driver"\nmetrics_port = 0\npeek_max_keys = 0\n')

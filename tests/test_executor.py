@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+import sink.batch.driver_tagger as driver_tagger
 import sink.executor as executor
-import sink.foreach_batch as foreach_batch
 from sink import SinkConfig, UpsertSink
 from sink.index.replica import ShardReplica
 from tests.oracle import SCHEMA, expected_rows, random_batches, random_events, verify_replicas
@@ -43,7 +43,7 @@ def test_driver_tagging_finds_its_replicas_caught_up_with_the_last_commit(spark,
         events.append(("catch_up", shard, report.promoted))
         return report
 
-    tag_locally = foreach_batch.tag_locally
+    tag_locally = driver_tagger.tag_locally
 
     def spied_tag_locally(*args):
         events.append(("tag",))
@@ -53,7 +53,7 @@ def test_driver_tagging_finds_its_replicas_caught_up_with_the_last_commit(spark,
             events.append(("tagged",))
 
     monkeypatch.setattr(executor, "catch_up", spied_catch_up)
-    monkeypatch.setattr(foreach_batch, "tag_locally", spied_tag_locally)
+    monkeypatch.setattr(driver_tagger, "tag_locally", spied_tag_locally)
     sink = UpsertSink(config(tmp_path, "ahead"))
     for b, batch in enumerate(batches):
         sink(spark.createDataFrame(batch, SCHEMA), b)
@@ -76,7 +76,7 @@ def test_driver_tagging_finds_its_replicas_caught_up_with_the_last_commit(spark,
 
 def test_the_tables_kept_for_reads_are_brought_to_each_commit_between_batches(spark, tmp_path, monkeypatch):
     brought: list[tuple] = []
-    monkeypatch.setattr(executor.open_tables, "bring_forward", lambda *args: brought.append(args))
+    monkeypatch.setattr(driver_tagger.open_tables, "bring_forward", lambda *args: brought.append(args))
     sink = UpsertSink(config(tmp_path, "forward"))
     for b, batch in enumerate(random_batches(13, batches=2, per_batch=100)):
         sink(spark.createDataFrame(batch, SCHEMA), b)
@@ -88,7 +88,7 @@ def test_the_tables_kept_for_reads_are_brought_to_each_commit_between_batches(sp
 
 def test_a_replica_that_fails_to_catch_up_ahead_is_caught_up_by_its_tagging(spark, tmp_path, monkeypatch, caplog):
     batches = random_batches(12, batches=2, per_batch=200)
-    monkeypatch.setattr(foreach_batch, "catch_up_after_commit", lambda ctx: None)  # left to the next batch
+    monkeypatch.setattr(driver_tagger, "catch_up_after_commit", lambda ctx: None)  # left to the next batch
     sink = UpsertSink(config(tmp_path, "ahead-fails"))
     sink(spark.createDataFrame(batches[0], SCHEMA), 0)
 
@@ -102,8 +102,8 @@ def test_a_replica_that_fails_to_catch_up_ahead_is_caught_up_by_its_tagging(spar
     def broken(*args):
         raise OSError("disk full")
 
-    catch_up_kept_open, prepare_replica = executor.catch_up_kept_open, executor.prepare_replica
-    monkeypatch.setattr(executor, "catch_up_kept_open", failing)
+    catch_up_kept_open, prepare_replica = driver_tagger.catch_up_kept_open, executor.prepare_replica
+    monkeypatch.setattr(driver_tagger, "catch_up_kept_open", failing)
     with caplog.at_level(logging.INFO, logger="sink"):
         sink(spark.createDataFrame(batches[1], SCHEMA), 1)
     assert caplog.text.count("not caught up ahead of tagging (disk full)") == SHARDS

@@ -6,9 +6,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from sink import SinkConfig, UpsertSink, tombstones
 from sink import columns as C
+from sink.batch.driver_tagger import deletes_before_tagging
 from sink.cli import main
 from sink.errors import ConfigError
-from sink.foreach_batch import deletes_before_tagging
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER
 from sink.tombstones import compact, latest_per_key
 

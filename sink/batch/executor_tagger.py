@@ -1,0 +1,132 @@
+"""Tagging on the executors (`tag_on = "executors"`, or "auto" under a cluster master): one
+Spark job routes the records by shard and tags each shard in a task (`mapInArrow` over
+sink.executor.tag_batches); where the table allows it, writing tasks after the tagging ones
+write the batch's files, and only what the commit needs comes back to the driver."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sink import columns as C
+from sink import keys, metrics
+from sink.batch.side_tables import SideTables
+from sink.batch.state import BatchState
+from sink.config import SinkConfig
+from sink.executor import tag_batches
+from sink.history_writes import HistoryBatch
+from sink.lakehouse.delta_rs import COMMIT_KINDS
+from sink.lakehouse.engine import DeltaEngine
+from sink.lakehouse.rewrite import stored_files
+from sink.lakehouse.schema import with_added
+from sink.library_errors import partition_load_failure, spark_aborted_a_rerun
+from sink.prepare import sql_string
+from sink.release import release_executor_replicas
+from sink.tagging import INSERT
+from sink.task_context import TaskContext
+from sink.writing import INSERT_SPLIT, WriteContext, write_batches
+
+log = logging.getLogger(__name__)
+
+# A lost executor's tasks that Spark would not re-run alone: the job runs again, this many times.
+JOB_RERUNS = 2
+
+
+class ExecutorTagger:
+    """Tags in Spark tasks; other executors may tag a shard's next batch, so each task writes
+    its shard's index entries to the writer's changelog, which they catch up from."""
+
+    on_driver = False
+
+    def __init__(self, config: SinkConfig, target: DeltaEngine, side_tables: SideTables, writer_id: str,
+                 history_batch):
+        self._config = config
+        self._target = target
+        self._side_tables = side_tables
+        self._writer_id = writer_id
+        self._history_batch = history_batch  # (schema, ctx) -> HistoryBatch, for history tables' writing tasks
+        self.changelog_uri = config.resolved_changelog_uri
+        # The session and a batch's task context, to release the executors' replicas when the
+        # stream ends (`close`).
+        self._executors: tuple[SparkSession, TaskContext] | None = None
+
+    def writes_files(self, target: DeltaEngine) -> bool:
+        """Executors write the batch's files where the table allows (else the driver commits
+        from the records: a MERGE, or a global-scope history table's rebuild, whose keys'
+        versions span partitions)."""
+        cfg = self._config
+        return target.update_mode() == "rewrite" and (cfg.scd_type == 1 or cfg.scope == "partitioned")
+
+    def tag(self, state: BatchState, tombstones_due: bool) -> tuple[pa.Table, bool]:
+        """The tagging job's output: tagged records and stats rows; with `ctx.write_files`, the
+        writing tasks' file rows in place of the writes. The tombstones are left to the side
+        tables phase."""
+        ctx, prepared = state.ctx, state.prepared
+        self._executors = (prepared.sparkSession, ctx)
+        snapshot = None
+        try:
+            with state.report.timed("tag"):
+                job = prepared.repartition(ctx.num_shards, F.expr(keys.spark_route_expr(ctx.num_shards))).mapInArrow(
+                    partial(tag_batches, ctx), state.out_schema)
+                if ctx.write_files:
+                    snapshot = prepared.sparkSession.sparkContext.broadcast(
+                        stored_files(self._target.table, self._config.partition_by))
+                    job = self._writing(job, ctx, state, snapshot)
+                return self._run(job, state), False
+        except Exception as e:
+            failure = partition_load_failure(e, ctx.batch_id)
+            if failure is None:
+                raise
+            # A task that failed its partition loads fails the batch; the message names them.
+            metrics.LOAD_FAILURES.labels(self._writer_id).inc()
+            raise failure from e
+        finally:
+            if snapshot is not None:
+                snapshot.unpersist()
+
+    def after_commit(self, state: BatchState) -> None:
+        if state.report.mode in COMMIT_KINDS:
+            with state.report.timed("changelog"):
+                self._side_tables.sweep_changelog(self.changelog_uri, state.ctx.table_version)
+
+    def close(self) -> None:
+        if self._executors is not None:
+            release_executor_replicas(*self._executors)
+            self._executors = None
+
+    def _run(self, job: DataFrame, state: BatchState) -> pa.Table:
+        """The job's output. A lost executor normally costs its tasks, which Spark runs again;
+        when Spark will not (it aborts the job as it cannot roll back the job's last stage: seen
+        when an executor dies inside a writing task after other writing tasks finished), the job
+        runs again, up to JOB_RERUNS times. Tagging tasks run again tag the same (staged entries
+        of their batch are cleared first); files of the aborted job are never committed."""
+        for rerun in range(JOB_RERUNS + 1):
+            try:
+                return job.toArrow()
+            except Exception as e:
+                if rerun == JOB_RERUNS or not spark_aborted_a_rerun(e):
+                    raise
+                state.report.jobs_rerun += 1
+                log.warning("batch %s: Spark aborted the tagging job after losing an executor (%s); running it "
+                            "again", state.batch_id, spark_aborted_a_rerun(e))
+
+    def _writing(self, tagging: DataFrame, ctx: TaskContext, state: BatchState, snapshot) -> DataFrame:
+        """The writing tasks after the tagging ones: each partition's writes in one task, which
+        rewrites its files (`snapshot`: the broadcast files of the version tagged against)."""
+        cfg = self._config
+        schema = with_added(self._target.arrow_schema(), state.added)
+        history: HistoryBatch | None = self._history_batch(schema, ctx) if cfg.scd_type == 2 else None
+        wctx = WriteContext(
+            table_uri=cfg.table_uri, schema=schema,
+            key_cols=tuple(cfg.key), ordering=tuple(cfg.ordering_columns), partition_by=tuple(cfg.partition_by),
+            incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
+            output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version, history=history,
+        )
+        route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
+                                            INSERT_SPLIT)
+        return tagging.repartition(ctx.num_shards, F.expr(route)).mapInArrow(partial(write_batches, wctx),
+                                                                             state.out_schema)

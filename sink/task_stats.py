@@ -1,0 +1,69 @@
+"""What one tagging task counted, sent back to the driver as one row of its output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from sink.placement import PLACEMENTS
+
+# Where a tagging task's time goes, in order: opening the replica, catching it up, loading
+# partitions, placing deletes without a partition, building the inputs, index lookups,
+# classifying, the cross-partition check, staging the changes, eviction and size gauges,
+# closing (flushing) the replica, building the output.
+TAG_STEPS = ("open", "catch_up", "load", "place", "inputs", "lookup", "classify", "cross_check", "stage", "upkeep",
+             "close", "output")
+
+# Why partitions load: a new replica's hot window, first use, or a commit that changed them.
+LOAD_REASONS = ("bootstrap", "on_demand", "invalidated")
+
+# Where lookups were answered: memory, RocksDB, RocksDB's miss, the key filter's miss, and a
+# read of a partition not held (found or not).
+LOOKUP_TIERS = ("memory", "rocksdb", "miss", "filter", "table", "table_miss")
+
+
+@dataclass
+class TaskStats:
+    """One task's counts; the driver sums every task's (sink.report.BatchReport)."""
+
+    shard_ids: list[int] = field(default_factory=list)
+    # The index's work.
+    loads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOAD_REASONS, 0))
+    load_seconds: float = 0.0
+    loaded_keys: int = 0
+    commits_read: int = 0
+    invalidated: int = 0
+    evicted: int = 0
+    rebuilt: int = 0
+    replicas_repaired: int = 0
+    shard_moves: int = 0
+    changelog_applied: int = 0
+    lookups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOOKUP_TIERS, 0))
+    peeks: int = 0
+    partitions_held: int = 0
+    cached_records: int = 0
+    cached_bytes: int = 0
+    tag_seconds: float = 0.0
+    tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
+    # New keys checked against the other partitions held, those found there, and an example
+    # [key, own partition, stored partition].
+    cross_partition_checked: int = 0
+    cross_partition_keys: int = 0
+    cross_partition_example: list | None = None
+    without_partition: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PLACEMENTS, 0))
+    # The records' outcomes (sink.outcomes.summary), once the task tagged any.
+    ops: dict[str, int] | None = None
+    hits: int = 0
+    misses: int = 0
+    pids: list[str] = field(default_factory=list)
+    upserts_without_partition: int = 0
+    keys_in_several_partitions: int = 0
+    several_partitions_example: list | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str) -> TaskStats:
+        return cls(**json.loads(raw))
