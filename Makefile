@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run submit test docs lint bench bench-quick check-java test-tools clean-data
+.PHONY: run submit test docs lint bench bench-quick check-java test-tools delta-jars clean-data
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
@@ -30,7 +30,7 @@ check-java:
 run: $(STAMP)
 	$(PY) -m jobs.demo $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
-test: $(STAMP) test-tools
+test: $(STAMP) test-tools delta-jars
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest -q
 
@@ -46,6 +46,16 @@ test-tools:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
 			|| echo "warning: prometheus could not be installed; the scrape test will be skipped"; \
 		else echo "note: prometheus is not installed (apt-get install prometheus); the scrape test will be skipped"; fi; }
+
+# Delta's Spark jars, with their dependencies, into ~/.m2/repository (Spark's Ivy reads it as a
+# local repository; Maven's own settings reach the remote one), once: the tests run delta-spark.
+delta-jars: $(STAMP)
+	@jar="$$($(PY) -m sink.lakehouse.spark_delta --jar)"; pom="$${jar%.jar}.pom"; \
+	if [ ! -f "$$jar" ] || [ ! -f "$$pom" ]; then \
+		command -v mvn >/dev/null 2>&1 || { echo "error: Maven (mvn) is needed once to fetch Delta's jars:" \
+			"apt-get install maven, then: $$($(PY) -m sink.lakehouse.spark_delta --fetch-command)"; exit 1; }; \
+		echo "fetching $$($(PY) -m sink.lakehouse.spark_delta) and its dependencies into ~/.m2"; \
+		$$($(PY) -m sink.lakehouse.spark_delta --fetch-command); fi
 
 # The ready job under the venv's spark-submit (the pip pyspark needs SPARK_HOME, and the
 # driver must run the venv's Python), on conf/sink.toml: what is in the landing dir, then stop.

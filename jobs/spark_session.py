@@ -7,10 +7,15 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from sink.errors import DeltaJarsError
+from sink.lakehouse import spark_delta
 
-def spark_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None) -> SparkSession:
+
+def spark_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None, *,
+                  delta: bool = False) -> SparkSession:
     """Get or create the session. Workers run this interpreter (they need pyarrow);
-    timestamps are UTC so Arrow hand-offs to delta-rs carry no local offset."""
+    timestamps are UTC so Arrow hand-offs to delta-rs carry no local offset. `delta`: with
+    Delta's Spark engine (its package, SQL extension and catalog: sink.lakehouse.spark_delta)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:
@@ -21,7 +26,16 @@ def spark_session(app_name: str, master: str | None = None, conf: dict[str, str]
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.showConsoleProgress": "false",
     }
+    if delta:
+        settings.update(spark_delta.session_conf())
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    try:
+        return builder.getOrCreate()
+    except Exception as e:
+        if delta and not spark_delta.local_jar().exists():
+            raise DeltaJarsError(
+                f"Spark could not start with Delta's package {spark_delta.package()}, which is not in ~/.m2 "
+                f"either: fetch it with `make delta-jars` (runs `{spark_delta.fetch_command()}`)") from e
+        raise

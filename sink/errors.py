@@ -47,3 +47,7 @@ class CommitCheckError(SinkError):
 class UnsupportedTableError(SinkError):
     """The table uses a feature the batch's commit path cannot honour and has no fallback for
     (a history table with deletion vectors, say): nothing was written."""
+
+
+class DeltaJarsError(SinkError):
+    """Spark could not start with Delta's Spark engine: its jars did not resolve."""

@@ -3,7 +3,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for every integration test (starting one takes ~10 s)."""
+    """One local SparkSession for every integration test (starting one takes ~10 s), with
+    Delta's Spark engine: tests read the sink's tables with it."""
     from jobs.spark_session import spark_session
 
     session = spark_session(
@@ -15,6 +16,7 @@ def spark():
             "spark.ui.enabled": "false",
             "spark.sql.streaming.schemaInference": "false",
         },
+        delta=True,
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session
