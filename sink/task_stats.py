@@ -6,6 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from sink.index.keyspaces import REPLICA_LOOKUPS
 from sink.placement import PLACEMENTS
 
 # Where a tagging task's time goes, in order: opening the replica, catching it up, loading
@@ -18,9 +19,9 @@ TAG_STEPS = ("open", "catch_up", "load", "place", "inputs", "lookup", "classify"
 # Why partitions load: a new replica's hot window, first use, or a commit that changed them.
 LOAD_REASONS = ("bootstrap", "on_demand", "invalidated")
 
-# Where lookups were answered: memory, RocksDB, RocksDB's miss, the key filter's miss, and a
-# read of a partition not held (found or not).
-LOOKUP_TIERS = ("memory", "rocksdb", "miss", "filter", "table", "table_miss")
+# Where lookups were answered: the replica's tiers, and a read of a partition not held (found
+# or not).
+LOOKUP_TIERS = (*REPLICA_LOOKUPS, "table", "table_miss")
 
 
 @dataclass

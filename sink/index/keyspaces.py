@@ -34,6 +34,9 @@ _SST_THRESHOLD = 20_000
 # every read of Spark's stream: smaller writes let it in sooner (an events batch at 1M rows,
 # one process alternating: collect 0.164 -> 0.149 s).
 WRITE_CHUNK = 4096
+# Where a lookup's keys were answered: in memory, by RocksDB, not found by RocksDB, or not
+# found by the keyspace's key filter (counted per distinct key).
+REPLICA_LOOKUPS = ("memory", "rocksdb", "miss", "filter")
 
 
 class Keyspaces:
@@ -52,9 +55,7 @@ class Keyspaces:
         # holds writes flushes that memtable (~1.5 ms each, measured), which every lookup of a
         # partition the last batch wrote to would pay.
         self._cfs: dict[str, Rdict] = {}
-        # Lookup counts of this open: distinct keys found in memory, in RocksDB, not found by
-        # RocksDB, or not found by the keyspace's key filter.
-        self.lookups = {"memory": 0, "rocksdb": 0, "miss": 0, "filter": 0}
+        self.lookups = dict.fromkeys(REPLICA_LOOKUPS, 0)  # of this open
 
     def cf(self, name: str) -> Rdict:
         cf = self._cfs.get(name)
