@@ -6,15 +6,22 @@ first, so the order rows are read in says nothing about which file is newer. Arr
 therefore (file modification time, file path, position in the file): the same winner however
 the files were batched, and on a replay. Records not read from a file (or whose file cannot
 be told, e.g. after a shuffle in the user's query) arrive first, in scan order.
+
+A classic session reads the files' order from the batch's plan (`sink.session.classic`);
+under Spark Connect no plan can be read, so the records carry their file's path and each task
+orders the files of its own records by their modification time (`path_order`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import xxhash
 
 from sink.keys import SPARK_XXHASH_SEED
@@ -35,45 +42,47 @@ def file_order(files: list[tuple[str, int]]) -> tuple[int, ...]:
     return tuple(spark_xxhash64(path) for path, _ in sorted(mtimes.items(), key=lambda pm: (pm[1], pm[0])))
 
 
-def arrival(file_hashes: pa.Array, seqs: pa.Array, order: tuple[int, ...]) -> pa.Array:
+def path_order(paths: list[str]) -> tuple[str, ...]:
+    """File paths (as input_file_name() gives them: URL-encoded URIs) oldest first, ties by
+    path; "" (a record not read from a file) is left out. A file whose modification time
+    cannot be read (a filesystem pyarrow does not reach) sorts by path after the others."""
+    stamped = []
+    for path in paths:
+        if path:
+            stamped.append((modification_ms(path), path))
+    unknown = [p for m, p in stamped if m is None]
+    if unknown:
+        log.warning("cannot read the modification time of %d input files (first: %s): ties between their records "
+                    "follow file path order", len(unknown), unknown[0])
+    return tuple(p for _, p in sorted(stamped, key=lambda mp: (mp[0] is None, mp[0] or 0, mp[1])))
+
+
+def modification_ms(uri: str) -> int | None:
+    """A file's modification time in ms, as Spark's file source lists it; None when unknown."""
+    try:
+        parsed = urlparse(uri)
+        if parsed.scheme in ("", "file"):
+            return os.stat(unquote(parsed.path)).st_mtime_ns // 1_000_000
+        fs, path = pafs.FileSystem.from_uri(uri)
+        mtime = fs.get_file_info(unquote(path)).mtime
+        return None if mtime is None else int(mtime.timestamp() * 1000)
+    except Exception as e:  # gone, or a scheme pyarrow has no filesystem for
+        log.debug("cannot stat %s (%s)", uri, e)
+        return None
+
+
+def arrival(files: pa.Array, seqs: pa.Array, order: tuple[int, ...] | None) -> pa.Array:
     """Each record's arrival rank: by its file's place in `order` (records of unknown files
-    first), then by scan sequence, which follows the position within a file."""
+    first), then by scan sequence, which follows the position within a file. `files` are
+    hashes of the files' paths and `order` the batch's hashes oldest first; or, with `order`
+    None, the paths themselves, ordered here (`path_order`)."""
+    if order is None:
+        order = path_order(pc.unique(files).to_pylist())
     if len(order) < 2:
         return seqs
-    rank = pc.fill_null(pc.index_in(file_hashes, value_set=pa.array(order, pa.int64())), -1)
+    rank = pc.fill_null(pc.index_in(files, value_set=pa.array(order, files.type)), -1)
     sorted_idx = pc.sort_indices(pa.table({"f": rank, "s": seqs}),
                                  sort_keys=[("f", "ascending"), ("s", "ascending")]).to_numpy()
     ranks = np.empty(len(seqs), np.int64)
     ranks[sorted_idx] = np.arange(len(seqs))
     return pa.array(ranks)
-
-
-def batch_files(batch_df) -> list[tuple[str, int]]:
-    """(path, modification time in ms) of every file a foreachBatch micro-batch scans, read
-    from the batch's RDD lineage (foreachBatch hands over a plan that no longer names its
-    files). Empty for other DataFrames, non-file sources or when Spark's internals differ."""
-    try:
-        plan = batch_df._jdf.queryExecution().analyzed()
-        if plan.getClass().getSimpleName() != "LogicalRDD":
-            return []
-        files: list[tuple[str, int]] = []
-        _walk(plan.rdd(), files)
-        return files
-    except Exception as e:  # an internal API changed: ties fall back to scan order
-        log.debug("cannot list the batch's files (%s); ties across files follow scan order", e)
-        return []
-
-
-def _walk(rdd, files: list[tuple[str, int]]) -> None:
-    if rdd.getClass().getSimpleName() == "FileScanRDD":
-        partitions = rdd.filePartitions()
-        for i in range(partitions.size()):
-            for f in partitions.apply(i).files():
-                files.append((f.urlEncodedPath(), f.modificationTime()))
-        return
-    deps = rdd.dependencies()
-    for i in range(deps.size()):
-        dep = deps.apply(i)
-        # input_file_name() is empty past a shuffle, so files behind one cannot be told apart.
-        if dep.getClass().getSimpleName() != "ShuffleDependency":
-            _walk(dep.rdd(), files)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from sink import metrics
 from sink.batch.checks import Checks
@@ -25,7 +25,9 @@ from sink.config import SinkConfig
 from sink.lakehouse import file_cache, open_tables
 from sink.lakehouse.engine import delta_engine
 from sink.outcomes import OUTCOMES
+from sink.release import Replicas, release_executor_replicas
 from sink.report import BatchReport
+from sink.session import SessionKind, is_connect, session_kind
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 class Pipeline:
     """The phases that depend on where tagging runs, chosen at the sink's first batch."""
 
+    session: SessionKind
     prepare: PreparePhase
     tag: TagPhase
     commit: CommitPhase
@@ -54,8 +57,8 @@ class UpsertSink:
         self._side_tables = SideTables(self.config, config, self.writer_id, self._instance)
         self._pipeline: Pipeline | None = None
         file_cache.WRITTEN.resize(config.file_cache_bytes)
-        metrics.serve(config.metrics_port)
-        metrics.start(self.writer_id, OUTCOMES)
+        if not _connect_client():  # else the server's foreachBatch worker serves them (`_pipeline_for`)
+            self._serve_metrics()
 
     def validate(self, df: DataFrame) -> None:
         """Check the stream against the config and, when the table exists, against the
@@ -66,10 +69,28 @@ class UpsertSink:
         """Close the replicas this sink's tagging keeps open between batches (the next batch
         reopens them): the driver's, or with executor tagging the executors' Python workers'
         (a Spark job asks them to checkpoint and let go). Call it once the query has ended,
-        before Spark stops: replicas of workers killed by the stop are rebuilt next run."""
+        before Spark stops: replicas of workers killed by the stop are rebuilt next run.
+        Under Spark Connect this object is the client's copy, which saw no batch (the server's
+        foreachBatch worker ran one of its own, and closes its replicas as Spark ends it): it
+        asks the executors when they tag."""
         if self._pipeline is not None:
             self._pipeline.tag.tagger.close()
+        else:
+            self._release_from_connect_client()
         open_tables.forget(self._instance)
+
+    def _serve_metrics(self) -> None:
+        metrics.serve(self.config.metrics_port)
+        metrics.start(self.writer_id, OUTCOMES)
+
+    def _release_from_connect_client(self) -> None:
+        spark = _connect_client()
+        if spark is None or not self._target.exists():
+            return
+        session = session_kind(spark)
+        if not self.config.tags_on_driver(session.master()):
+            replicas = Replicas(self._target.table_id(), self.config.index_dir, spark.conf.get("spark.local.dir", None))
+            release_executor_replicas(spark, session, replicas)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -81,7 +102,7 @@ class UpsertSink:
             pipeline = self._pipeline_for(batch_df)
             self._checks.run(state)
         if state.replayed:
-            state.num_shards = num_shards(self.config, state.batch_df)
+            state.num_shards = num_shards(self.config, pipeline.session)
             self._side_tables.replayed(state)
             state.report.mode = "skipped"
             state.report.table_version = self._target.version()
@@ -94,17 +115,22 @@ class UpsertSink:
         self._publish(state.report, started)
 
     def _pipeline_for(self, batch_df: DataFrame) -> Pipeline:
-        """The phases, chosen once: where tagging runs follows the session's master."""
+        """The phases, chosen once: by the kind of session (classic or Spark Connect), and
+        where tagging runs by the session's master."""
         if self._pipeline is None:
             cfg = self.config
-            on_driver = cfg.tags_on_driver(batch_df.sparkSession.sparkContext.master)
+            session = session_kind(batch_df.sparkSession)
+            session.host_foreach_batch()
+            self._serve_metrics()  # in the process that runs the batches, which publishes them
+            on_driver = cfg.tags_on_driver(session.master())
             history = partial(history_batch, cfg, self._checks.history_columns)
             tagger = (DriverTagger(cfg, self._side_tables) if on_driver else
-                      ExecutorTagger(cfg, self._target, self._side_tables, self.writer_id, history))
+                      ExecutorTagger(cfg, self._target, self._side_tables, self.writer_id, history, session))
             tag = TagPhase(cfg, self._target, tagger, self.writer_id, self._instance)
-            self._pipeline = Pipeline(PreparePhase(cfg, on_driver), tag,
+            self._pipeline = Pipeline(session, PreparePhase(cfg, session, on_driver), tag,
                                       CommitPhase(cfg, self._target, self.writer_id, tag.run, history))
-            log.info("tagging on the %s (tag_on = %r)", "driver" if on_driver else "executors", cfg.tag_on)
+            log.info("tagging on the %s (tag_on = %r, %s session)", "driver" if on_driver else "executors",
+                     cfg.tag_on, session.name)
         return self._pipeline
 
     def _publish(self, report: BatchReport, started: float) -> None:
@@ -114,3 +140,10 @@ class UpsertSink:
         metrics.observe_phase(self.writer_id, "metrics", report.phases["metrics"])
         self.reports.append(report)
         log.info("upsert batch %s", report.summary())
+
+
+def _connect_client() -> SparkSession | None:
+    """This process's Spark Connect session, if it is a Connect client (None: classic, or no
+    session yet). A sink made here is pickled to the server, whose foreachBatch worker runs it."""
+    spark = SparkSession.getActiveSession()
+    return spark if spark is not None and is_connect(spark) else None

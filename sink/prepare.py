@@ -15,6 +15,7 @@ from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
 from sink.errors import SchemaError
 from sink.history import HISTORY_COLUMNS
 from sink.ordering import helper_columns
+from sink.session import session_kind
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
     """`validate_schema` plus analysis of `delete_when` against the stream's columns, and a
     warning when the stream's file source would turn unparseable values into nulls."""
     validate_schema(cfg, df.schema)
-    warning = unguarded_parsing(cfg, file_sources(df), df.schema.fieldNames())
+    warning = unguarded_parsing(cfg, session_kind(df.sparkSession).stream_sources(df), df.schema.fieldNames())
     if warning:
         log.warning(warning)
     for name, expr in (("delete_when", cfg.delete_when), ("quarantine_when", cfg.quarantine_when)):
@@ -96,30 +97,6 @@ def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
 # Spark's readers that parse text into typed columns: a value that does not parse is read as
 # null in PERMISSIVE mode (their default), and only the corrupt-record column keeps its text.
 PARSED_FORMATS = ("json", "csv")
-
-
-def file_sources(df: DataFrame) -> list[tuple[str, dict[str, str]]]:
-    """(format, options) of each streaming file source `df` reads; empty where the plan cannot
-    be read (Spark Connect, or Spark's internals changed)."""
-    found: list[tuple[str, dict[str, str]]] = []
-
-    def walk(node) -> None:
-        if node.getClass().getSimpleName() == "StreamingRelation":
-            source = node.dataSource()
-            options = source.options()
-            keys_ = options.keys().toList()
-            found.append((source.className(), {k: options.apply(k) for k in
-                                               (keys_.apply(i) for i in range(keys_.size()))}))
-        children = node.children()
-        for i in range(children.size()):
-            walk(children.apply(i))
-
-    try:
-        walk(df._jdf.queryExecution().analyzed())
-    except Exception as e:  # no JVM plan to read: nothing to warn about
-        log.debug("cannot read the stream's sources (%s)", e)
-        return []
-    return found
 
 
 def unguarded_parsing(cfg: SinkConfig, sources: Sequence[tuple[str, Mapping[str, str]]],
@@ -190,13 +167,15 @@ def _delete_sql(cfg: SinkConfig) -> str:
     return f"coalesce(({cfg.delete_when}), false)" if cfg.delete_when else "false"
 
 
-def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int, with_key: bool = True) -> DataFrame:
+def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int, *, file_column: str | None = None,
+            with_key: bool = True) -> DataFrame:
     """Add the helper columns: scan sequence and input file, quarantine reason, encoded key, shard,
     ordering values as BIGINT (one per ordering column) and the delete flag. One selectExpr:
     building the plan column by column costs a py4j round trip per expression (~0.05 s a batch).
     `with_key=False` leaves the encoded key out, for a batch collected as Arrow, where
     `keys.encode_keys` makes it from the key columns at a fraction of Spark's cost to compute
-    and ship it (a single string key is the key column itself)."""
+    and ship it (a single string key is the key column itself). `file_column`: SQL for the
+    record's input file (`SessionKind.file_column`); None leaves it out, for a batch not tagged."""
     key_expr = keys.spark_key_expr(cfg.key)
     orderings = [f"{keys.spark_ordering_expr(c, df.schema[c].dataType.typeName())} AS {helper}"
                  for c, helper in zip(cfg.ordering_columns, helper_columns(len(cfg.ordering_columns)))]
@@ -205,7 +184,7 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int, with_key: bool = Tr
     return df.selectExpr(
         "*",
         f"monotonically_increasing_id() AS {C.SEQ}",
-        f"xxhash64(input_file_name()) AS {C.FILE}",
+        *([f"{file_column} AS {C.FILE}"] if file_column else []),
         f"{quarantine_reason(cfg, df.schema)} AS {C.REASON}",
         *([f"{key_expr} AS {C.KEY}"] if with_key else []),
         f"{keys.spark_shard_expr(key_expr, num_shards)} AS {C.SHARD}",

@@ -41,7 +41,8 @@ class TaskContext:
     change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
     keep_open: bool = False  # tagging in the driver: replicas stay open between batches
     changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
-    file_order: tuple[int, ...] = ()  # the batch's input files, oldest first (sink.arrival)
+    # The batch's input files, oldest first; None: each task orders its own (sink.arrival).
+    file_order: tuple[int, ...] | None = ()
     write_files: bool = False  # Spark tasks write the batch's files: output shaped for them
     # A history table (scd_type 2): in global scope an entry locates a key in every partition
     # its events named (sink.index.history_locations).

@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sink import SinkConfig, UpsertSink
-from sink.arrival import arrival, file_order, spark_xxhash64
+from sink.arrival import arrival, file_order, modification_ms, path_order, spark_xxhash64
 
 
 def test_file_order_is_oldest_first_then_path_each_file_once():
@@ -28,6 +28,34 @@ def test_arrival_ranks_by_file_order_then_scan_sequence_unknown_files_first():
 def test_arrival_is_the_scan_sequence_when_the_batch_has_at_most_one_file():
     seqs = pa.array([7, 3], pa.int64())
     assert arrival(pa.array([1, 1], pa.int64()), seqs, (1,)) is seqs
+
+
+def test_path_order_stats_the_files_oldest_first_then_by_path_leaving_out_records_of_no_file(tmp_path):
+    for name, mtime in (("b 1.json", 200), ("c.json", 100), ("a.json", 200)):
+        (tmp_path / name).write_text("{}")
+        os.utime(tmp_path / name, (mtime, mtime))
+    uri = (tmp_path / "x").as_uri()[:-1]  # file:///.../ as input_file_name() gives it, URL-encoded
+    paths = [uri + "a.json", uri + "b%201.json", "", uri + "c.json"]
+    assert modification_ms(uri + "b%201.json") == 200_000
+    assert path_order(paths) == (uri + "c.json", uri + "a.json", uri + "b%201.json")
+
+
+def test_a_file_whose_time_cannot_be_read_sorts_by_path_after_the_others(tmp_path, caplog):
+    (tmp_path / "z.json").write_text("{}")
+    gone, known = (tmp_path / "gone.json").as_uri(), (tmp_path / "z.json").as_uri()
+    assert path_order([gone, known]) == (known, gone)
+    assert "cannot read the modification time of 1 input files" in caplog.text
+
+
+def test_arrival_orders_paths_itself_when_given_no_order(tmp_path):
+    """Under Spark Connect the records carry their file's path (sink.session.connect)."""
+    old, new = tmp_path / "z-old.json", tmp_path / "a-new.json"
+    for path, mtime in ((old, 100), (new, 200)):
+        path.write_text("{}")
+        os.utime(path, (mtime, mtime))
+    files = pa.array([new.as_uri(), old.as_uri(), new.as_uri(), "", old.as_uri()])
+    seqs = pa.array([0, 5, 1, 9, 3], pa.int64())
+    assert arrival(files, seqs, None).to_pylist() == [3, 2, 4, 0, 1]
 
 
 @pytest.mark.spark
@@ -54,6 +82,7 @@ def run_stream(spark, landing, cfg, checkpoint, **options):
 
 
 @pytest.mark.spark
+@pytest.mark.connect  # the query's foreachBatch runs in the Connect server's Python worker
 @pytest.mark.parametrize("larger, files_per_trigger, tag_on", [
     ("older", None, "executors"), ("newer", None, "executors"), ("newer", None, "driver"),
     ("older", 1, "executors"), ("newer", 1, "executors"),

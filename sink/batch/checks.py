@@ -19,6 +19,7 @@ from sink.lakehouse.contract import Contract
 from sink.lakehouse.engine import DeltaEngine
 from sink.lakehouse.schema import added_columns, check_history_columns, pending
 from sink.prepare import validate_stream, with_hidden_ordering
+from sink.session import session_kind
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class Checks:
         table's schema; the job calls it before starting the query."""
         if self._validated != df.schema:
             validate_stream(self._stream_config, df)
+            if not self._config.num_shards:  # ConfigError where the session cannot tell its cores
+                session_kind(df.sparkSession).default_parallelism()
             if self._target.exists():
                 self.added_columns(with_hidden_ordering(df, self._stream_config))
             self._validated = df.schema

@@ -25,7 +25,8 @@ from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import with_added
 from sink.library_errors import partition_load_failure, spark_aborted_a_rerun
 from sink.prepare import sql_string
-from sink.release import release_executor_replicas
+from sink.release import Replicas, release_executor_replicas
+from sink.session import SessionKind
 from sink.tagging import INSERT
 from sink.task_context import TaskContext
 from sink.writing import INSERT_SPLIT, WriteContext, write_batches
@@ -43,16 +44,17 @@ class ExecutorTagger:
     on_driver = False
 
     def __init__(self, config: SinkConfig, target: DeltaEngine, side_tables: SideTables, writer_id: str,
-                 history_batch):
+                 history_batch, session: SessionKind):
         self._config = config
         self._target = target
         self._side_tables = side_tables
         self._writer_id = writer_id
         self._history_batch = history_batch  # (schema, ctx) -> HistoryBatch, for history tables' writing tasks
+        self._session = session
         self.changelog_uri = config.resolved_changelog_uri
         # The session and a batch's task context, to release the executors' replicas when the
         # stream ends (`close`).
-        self._executors: tuple[SparkSession, TaskContext] | None = None
+        self._executors: tuple[SparkSession, SessionKind, Replicas] | None = None
 
     def writes_files(self, target: DeltaEngine) -> bool:
         """Executors write the batch's files where the table allows (else the driver commits
@@ -66,15 +68,14 @@ class ExecutorTagger:
         writing tasks' file rows in place of the writes. The tombstones are left to the side
         tables phase."""
         ctx, prepared = state.ctx, state.prepared
-        self._executors = (prepared.sparkSession, ctx)
-        snapshot = None
+        self._executors = (prepared.sparkSession, self._session, Replicas.of(ctx))
+        release = None
         try:
             with state.report.timed("tag"):
                 job = prepared.repartition(ctx.num_shards, F.expr(keys.spark_route_expr(ctx.num_shards))).mapInArrow(
                     partial(tag_batches, ctx), state.out_schema)
                 if ctx.write_files:
-                    snapshot = prepared.sparkSession.sparkContext.broadcast(
-                        stored_files(self._target.table, self._config.partition_by))
+                    snapshot, release = self._session.share(stored_files(self._target.table, self._config.partition_by))
                     job = self._writing(job, ctx, state, snapshot)
                 return self._run(job, state), False
         except Exception as e:
@@ -85,8 +86,8 @@ class ExecutorTagger:
             metrics.LOAD_FAILURES.labels(self._writer_id).inc()
             raise failure from e
         finally:
-            if snapshot is not None:
-                snapshot.unpersist()
+            if release is not None:
+                release()
 
     def after_commit(self, state: BatchState) -> None:
         if state.report.mode in COMMIT_KINDS:

@@ -3,26 +3,28 @@ quarantine, sink.prepare), the tagging output's shape, and the input files in ar
 
 from __future__ import annotations
 
-from sink.arrival import batch_files, file_order
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
 from sink.prepare import prepare, tagged_schema
+from sink.session import SessionKind
 
 
 class PreparePhase:
-    def __init__(self, config: SinkConfig, on_driver: bool):
+    def __init__(self, config: SinkConfig, session: SessionKind, on_driver: bool):
         self._config = config
+        self._session = session
         self._on_driver = on_driver
 
     def run(self, state: BatchState) -> None:
         cfg, df = self._config, state.batch_df
         with state.report.timed("prepare"):
-            state.num_shards = num_shards(cfg, df)
+            state.num_shards = num_shards(cfg, self._session)
             # The driver encodes the keys itself, after the collect.
-            state.prepared = prepare(df, cfg, state.num_shards, with_key=not self._on_driver)
+            state.prepared = prepare(df, cfg, state.num_shards, file_column=self._session.file_column,
+                                     with_key=not self._on_driver)
             state.out_schema = tagged_schema(df.schema, len(cfg.ordering_columns))
-            state.files = file_order(batch_files(df))
+            state.files = self._session.batch_file_order(df)
 
 
-def num_shards(cfg: SinkConfig, df) -> int:
-    return cfg.num_shards or df.sparkSession.sparkContext.defaultParallelism
+def num_shards(cfg: SinkConfig, session: SessionKind) -> int:
+    return cfg.num_shards or session.default_parallelism()

@@ -41,7 +41,7 @@ class BatchState:
     num_shards: int = 0
     prepared: DataFrame | None = None
     out_schema: StructType | None = None
-    files: tuple[int, ...] = ()
+    files: tuple[int, ...] | None = ()  # None: each task orders its records' files (sink.arrival)
     # Tag: the tasks' context (None: to build, at the first attempt or after a conflict that
     # touched the batch's partitions), the tagged batch, and whether its tombstones are written.
     ctx: TaskContext | None = None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,7 @@ from sink.library_errors import first_line
 log = logging.getLogger(__name__)
 
 _KEPT_OPEN: dict[str, ShardReplica] = {}
+_TERMINATING = False
 
 
 def acquire(path: str | os.PathLike[str], spec: str, **options) -> ShardReplica:
@@ -85,6 +88,25 @@ def close_kept_open(under: Path | None = None) -> None:
             log.warning("replica %s could not be closed cleanly (%s); it rebuilds on its next open",
                         replica.path, first_line(e))
             replica.abandon()
+
+
+def close_kept_open_on_sigterm() -> None:
+    """In a process Spark ends with SIGTERM (a Connect server's foreachBatch worker, stopped
+    with its query): exit through atexit, which closes the kept-open replicas clean. From the
+    main thread only (Python runs signal handlers there)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum, _frame) -> None:
+    global _TERMINATING
+    if _TERMINATING:  # Spark may signal twice: the first one's exit is under way
+        return
+    _TERMINATING = True
+    if any(replica.in_use.locked() for replica in _KEPT_OPEN.values()):
+        # Mid-use: a close would save half a use. Left dirty, the replica is rebuilt, never trusted.
+        os._exit(128 + signum)
+    raise SystemExit(128 + signum)
 
 
 def wipe_damaged(path: Path, error: BaseException) -> str:

@@ -89,7 +89,7 @@ class DeltaTarget:
         return self.table.version()
 
     def table_id(self) -> str:
-        return self.table.metadata().id
+        return (self._dt or DeltaTable(self.uri)).metadata().id
 
     def arrow_schema(self) -> pa.Schema:
         if self._dt is None:
