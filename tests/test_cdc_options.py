@@ -24,6 +24,7 @@ def users_config(tmp_path, **extra):
 
 
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
+@pytest.mark.connect
 def test_except_columns_route_records_but_are_not_stored(spark, tmp_path, tag_on):
     cfg = users_config(tmp_path, except_columns=["operation"], tag_on=tag_on)
     sink = UpsertSink(cfg)
@@ -74,6 +75,7 @@ def visible_rows(uri):
 
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 @pytest.mark.parametrize("split", [[8], [4, 4], [6, 2]], ids=["one-batch", "two-batches", "stale-after-restart"])
+@pytest.mark.connect(split=[6, 2])
 def test_the_published_type_1_example_excepting_its_sequence_column(spark, tmp_path, tag_on, split):
     """`COLUMNS * EXCEPT (operation, sequenceNum)`: the table keeps the sequence as
     __ordering_sequenceNum, where a restarted sink's index loads it from (the last split's
@@ -164,6 +166,7 @@ def rows_of(uri):
 
 
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
+@pytest.mark.connect
 def test_ignore_null_updates_gives_paimons_partial_update_result_across_batches(spark, tmp_path, tag_on):
     cfg = partial_config(tmp_path, tag_on=tag_on)
     sink = UpsertSink(cfg)

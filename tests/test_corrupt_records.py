@@ -154,6 +154,7 @@ def _validate_warnings(spark, tmp_path, caplog, reader, cfg=None) -> list[str]:
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])
+@pytest.mark.connect
 def test_validate_warns_once_of_a_file_source_that_would_store_nulls_for_what_did_not_parse(
         spark, tmp_path, caplog, fmt):
     schema = "order_id BIGINT, lsn BIGINT, total_cents BIGINT"
@@ -169,6 +170,7 @@ def test_validate_warns_once_of_a_file_source_that_would_store_nulls_for_what_di
     assert _validate_warnings(spark, tmp_path, caplog, lambda r: r.format("parquet").schema(schema)) == []
 
 
+@pytest.mark.connect
 def test_validate_warns_when_the_reader_keeps_corrupt_records_in_another_column(spark, tmp_path, caplog):
     schema = "order_id BIGINT, lsn BIGINT, bad STRING"
     warned = _validate_warnings(spark, tmp_path, caplog, lambda r: r.format("json").schema(schema).option(

@@ -33,6 +33,7 @@ def frame(spark, events):
 @pytest.mark.parametrize("seed, shards, tag_on, peek_max_keys", [
     (1, 2, "executors", 0), (2, 3, "executors", 0), (3, 2, "driver", 0), (4, 3, "executors", 16),
     (5, 2, "driver", 16)])
+@pytest.mark.connect
 def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed, shards,
                                                                                      tag_on, peek_max_keys):
     cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, peek_max_keys=peek_max_keys)

@@ -32,6 +32,7 @@ def frame(spark, events):
 
 
 @pytest.mark.parametrize("seed, shards, tag_on", [(11, 2, "executors"), (12, 3, "driver")])
+@pytest.mark.connect
 def test_a_global_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed,
                                                                                         shards, tag_on):
     cfg = config(tmp_path, num_shards=shards, tag_on=tag_on)

@@ -113,6 +113,13 @@ def test_several_tables_need_their_own_checkpoint(tmp_path):
         load_job_config(conf)
 
 
+def test_under_spark_connect_several_tables_need_their_own_metrics_port(tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text(TWO_TABLES.replace("metrics_port = 0", "metrics_port = 9108"))
+    with pytest.raises(ConfigError, match=r"share metrics_port \[9108, 9108\]: under Spark Connect each table's"):
+        run(str(conf), once=True, remote="sc://localhost:1")
+
+
 def test_job_fails_before_the_first_batch_when_a_column_is_missing(spark, tmp_path):
     conf = tmp_path / "sink.toml"
     conf.write_text(CONFIG.replace('ordering = "ts"', 'ordering = "event_time"'))
@@ -184,6 +191,27 @@ def test_the_job_on_two_executors_ends_quietly_with_their_replicas_closed(tmp_pa
     assert table_rows(str(tmp_path / "data" / "table")) == expected_rows(batches)
     for noise in ("Lost executor", "exited with code", "Master removed our application", "Traceback"):
         assert noise not in run.stderr, run.stderr[-3000:]
+    inspect = subprocess.run([sys.executable, "-m", "sink", "inspect", "--config", str(conf), "--json"],
+                             capture_output=True, text=True, timeout=120)
+    shards = json.loads(inspect.stdout)["shards"]
+    assert [(s["shard"], s["state"], s["clean"]) for s in shards] == [(0, "closed", True), (1, "closed", True)]
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_the_job_through_spark_connect_matches_the_oracle_and_leaves_its_replicas_clean(tmp_path, tag_on):
+    """--remote local[2]: the job starts a local Connect server and runs its query through it;
+    the sink runs in the server's foreachBatch Python worker (driver tagging) or its tasks."""
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG.replace("metrics_port = 0", f'metrics_port = 0\ntag_on = "{tag_on}"\nnum_shards = 2'))
+    batches = random_batches(5, batches=3, per_batch=300)
+    for i, events in enumerate(batches):
+        drop_file(tmp_path / "data" / "landing", f"f{i}.json", events)
+    job = [sys.executable, "-m", "jobs.upsert_stream", "--config", str(conf), "--once", "--remote", "local[2]"]
+    run = subprocess.run(job, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert table_rows(str(tmp_path / "data" / "table")) == expected_rows(batches)
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
     inspect = subprocess.run([sys.executable, "-m", "sink", "inspect", "--config", str(conf), "--json"],
                              capture_output=True, text=True, timeout=120)
     shards = json.loads(inspect.stdout)["shards"]

@@ -61,6 +61,7 @@ SPLITS = {"one-batch": ([8], False), "two-batches": ([4, 4], False), "one-per-ba
 
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 @pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.connect(split="late-after-restart")
 def test_the_published_scd2_users_example(spark, tmp_path, split, tag_on):
     """STORED AS SCD TYPE 2 with COLUMNS * EXCEPT (operation, sequenceNum): the docs' 7 rows,
     tagged in the driver or in Spark tasks (whose writing tasks then rebuild the histories
@@ -74,6 +75,7 @@ def test_the_published_scd2_users_example(spark, tmp_path, split, tag_on):
 
 
 @pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.connect(split="late-after-restart")
 def test_the_published_example_tracking_history_except_city(spark, tmp_path, split):
     """TRACK HISTORY ON * EXCEPT (city): the docs' 4 rows."""
     run_users(spark, tmp_path, *SPLITS[split], track_history_except_columns=["city"])
@@ -83,6 +85,7 @@ def test_the_published_example_tracking_history_except_city(spark, tmp_path, spl
 
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 @pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.connect(restart=True)
 def test_the_published_case_whose_stored_sequence_column_is_tracked_by_default(spark, tmp_path, tag_on, restart):
     """Declarative Pipelines' "SCD2 auxiliary table dropped between runs": target (id,
     version) sequenced by version, which is stored, so tracked: each event opens a version."""
@@ -330,6 +333,7 @@ def test_a_history_table_whose_files_hide_rows_is_refused_before_writing(spark, 
 
 
 @pytest.mark.parametrize("case", HANDLER_CASES)
+@pytest.mark.connect
 def test_the_declarative_pipelines_handler_cases_through_the_sink_with_a_restart(spark, tmp_path, case):
     """The stored events in one batch, then the case's batch on a new sink and index. The
     cases track `value` alone: seq is stored, and tracked by default."""

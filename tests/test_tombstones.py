@@ -163,6 +163,7 @@ def test_a_fractional_ttl_counts_in_seconds(tmp_path):
 
 
 @pytest.mark.parametrize("scope", ["partitioned", "global"])
+@pytest.mark.connect
 def test_a_one_second_ttl_lets_a_late_update_back_two_seconds_after_its_delete(spark, tmp_path, scope):
     """The published ClickHouse cleanup example expires a delete after one second."""
     clock = Clock(T0)
