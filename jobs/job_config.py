@@ -64,6 +64,9 @@ SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "
 class JobSettings:
     app_name: str = "delta-upsert-sink"
     master: str | None = None
+    # A Spark Connect server to run the queries through (`sc://host:port`, or `local[N]`: one
+    # this process starts); the foreachBatch function then runs in the server's Python worker.
+    remote: str | None = None
     trigger_seconds: int = 10
     # Spark's own log level once the session runs (spark-submit defaults to INFO: hundreds
     # of lines around the sink's one line per batch).
