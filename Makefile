@@ -67,10 +67,10 @@ submit: $(STAMP)
 		$(VENV)/bin/spark-submit --master "local[2]" jobs/upsert_stream.py --config conf/sink.toml --once
 
 # Benchmarks (not tests): results in bench/results/<name>-<date>.json and .png.
-bench: $(STAMP)
+bench: $(STAMP) delta-jars
 	$(PY) -m bench.run
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) delta-jars
 	$(PY) -m bench.run --quick
 
 lint: $(STAMP)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from bench.baseline import HandWrittenMerge
+from bench.baseline import HandWrittenMerge, SparkMerge
 from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
 from sink import SinkConfig, UpsertSink
 from sink.index.replica import ShardReplica
@@ -18,31 +20,60 @@ from sink.lakehouse import file_cache
 
 # The sink on its default config (tag_on = "auto": the driver, under the bench's local master;
 # commit_mode = "auto": updates rewrite files), the sink forced onto executor tagging, the sink
-# committing updates through its MERGE fallback, and the hand-written MERGE.
-CONTENDERS = ("sink", "sink-executors", "sink-merge", "baseline")
+# committing updates through its MERGE fallback, and the hand-written MERGEs: delta-rs' (the
+# "baseline"), and delta-spark's as Delta documents it and as a careful user writes it.
+CONTENDERS = ("sink", "sink-executors", "sink-merge", "baseline", "spark-merge", "spark-merge-careful")
+BASELINES = {"baseline": HandWrittenMerge, "spark-merge": partial(SparkMerge, careful=False),
+             "spark-merge-careful": partial(SparkMerge, careful=True),
+             "spark-merge-careful-dv": partial(SparkMerge, careful=True, deletion_vectors=True)}
 TAG_ON = {"sink": "auto", "sink-executors": "executors", "sink-merge": "auto"}
 COMMIT_MODE = {"sink": "auto", "sink-executors": "auto", "sink-merge": "merge"}
 
 
-def stream(spark, landing: Path, checkpoint: Path, foreach) -> list[float]:
-    """Run one availableNow query over `landing`, one file per batch; seconds per batch."""
-    seconds: list[float] = []
+class Timed:
+    """foreachBatch: `foreach`, timed; each batch's seconds and the sink's report (None for
+    the hand-written MERGE) appended to a file, since under Spark Connect the batches run in
+    the server's Python worker, not in this process."""
 
-    def timed(df, batch_id):
+    def __init__(self, foreach, out: Path):
+        self.foreach = foreach
+        self.out = out
+
+    def __call__(self, df, batch_id: int) -> None:
         started = time.perf_counter()
-        foreach(df, batch_id)
-        seconds.append(time.perf_counter() - started)
+        self.foreach(df, batch_id)
+        seconds = time.perf_counter() - started
+        reports = getattr(self.foreach, "reports", None)
+        with self.out.open("ab") as f:
+            pickle.dump((seconds, reports[-1] if reports else None, getattr(self.foreach, "merge_seconds", None)), f)
 
+
+def stream(spark, landing: Path, checkpoint: Path, foreach) -> tuple[list[float], list, list[float]]:
+    """Run one availableNow query over `landing`, one file per batch: seconds per batch, the
+    sink's reports, and the hand-written MERGE's own seconds per batch."""
+    out = checkpoint.parent / "batches.pickle"
     query = (spark.readStream.format("parquet").schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1)
-             .load(str(landing)).writeStream.foreachBatch(timed)
+             .load(str(landing)).writeStream.foreachBatch(Timed(foreach, out))
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     query.awaitTermination()
-    return seconds
+    batches = []
+    with out.open("rb") as f:
+        while f.peek(1):
+            batches.append(pickle.load(f))
+    merge_seconds = batches[-1][2] or []
+    return [s for s, _, _ in batches], [r for _, r, _ in batches if r is not None], merge_seconds
 
 
-def table_contents(uri: str) -> pa.Table:
-    table = DeltaTable(uri).to_pyarrow_table()
-    return table.sort_by([("id", "ascending"), ("dt", "ascending")]).combine_chunks()
+def table_contents(uri: str, spark=None) -> pa.Table:
+    """The table's rows, sorted; a table with deletion vectors, which delta-rs does not read
+    into Arrow, through Spark (as the schema delta-rs reads, so that tables compare)."""
+    table = DeltaTable(uri)
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        read = spark.read.format("delta").load(uri).toArrow()
+        rows = read.select(table.schema().to_arrow().names).cast(pa.schema(table.schema().to_arrow()))
+    else:
+        rows = table.to_pyarrow_table()
+    return rows.sort_by([("id", "ascending"), ("dt", "ascending")]).combine_chunks()
 
 
 def index_memory(index_dir: Path) -> tuple[int, int]:
@@ -66,8 +97,9 @@ def phase_medians(reports) -> dict[str, float]:
             for phase in reports[0].phases if any(r.phases[phase] for r in reports)}
 
 
-def report_figures(reports) -> dict:
-    """Per-batch figures every sink contender records."""
+def report_figures(reports, remote: bool) -> dict:
+    """Per-batch figures every sink contender records (`remote`: the batches ran in another
+    process, whose file cache this one cannot see)."""
     return {
         "tag_seconds": [round(r.tag_seconds, 3) for r in reports],
         "commit_seconds": [round(r.commit_seconds, 3) for r in reports],
@@ -78,7 +110,7 @@ def report_figures(reports) -> dict:
         "partition_loads": [r.partition_loads for r in reports],
         "partition_peeks": [r.partition_peeks for r in reports],
         # Rows of the files the driver wrote, held for the next rewrite (at most file_cache_bytes).
-        "file_cache_bytes": file_cache.WRITTEN.nbytes,
+        **({} if remote else {"file_cache_bytes": file_cache.WRITTEN.nbytes}),
     }
 
 
@@ -88,8 +120,9 @@ def breakdown(phases: dict[str, float]) -> str:
 
 def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, batches: int,
              batch_rows: int, num_shards: int, contenders: tuple[str, ...] = CONTENDERS,
-             executor_index_dirs: bool = False) -> dict:
-    """`executor_index_dirs`: leave index_dir unset, so each executor keeps its own replicas."""
+             executor_index_dirs: bool = False, remote: bool = False) -> dict:
+    """`executor_index_dirs`: leave index_dir unset, so each executor keeps its own replicas.
+    `remote`: a Spark Connect session, whose server's Python worker runs the batches."""
     case = work / f"{workload}-{table_rows}"
     landing = case / "landing"
     write_batches(landing, WORKLOADS[workload], table_rows, batches, batch_rows)
@@ -97,7 +130,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
     for name in contenders:
         uri = case / name / "table"
         shutil.copytree(template, uri)
-        if name != "baseline":
+        if name not in BASELINES:
             cfg = SinkConfig(table_uri=str(uri), key=["id"], partition_by=["dt"], ordering="event_time",
                              delete_when="op = 'd'", checkpoint_dir=str(case / name / "cp"),
                              index_dir=None if executor_index_dirs else str(case / name / "index"),
@@ -105,11 +138,10 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                              tag_on=TAG_ON[name], commit_mode=COMMIT_MODE[name])
             file_cache.WRITTEN.clear()  # the previous case's files
             sink = UpsertSink(cfg)
-            seconds = stream(spark, landing, case / name / "cp", sink)
+            seconds, reports, _ = stream(spark, landing, case / name / "cp", sink)
             sink.close()  # saves the key filters
-            reports = sink.reports
             extra = {
-                **report_figures(reports),
+                **report_figures(reports, remote),
                 "shard_seconds": [round(r.shard_seconds, 3) for r in reports],
                 "modes": [r.mode for r in reports],
                 "shard_moves": [r.shard_moves for r in reports],
@@ -122,26 +154,26 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                 "median_warm": round(median_after_first(
                     [seconds[0]] + [s for s, r in zip(seconds[1:], reports[1:]) if not r.replicas_rebuilt]), 3),
             }
-            if not executor_index_dirs:
+            if not executor_index_dirs and not remote:  # under Connect the server's worker may hold them
                 extra["key_filter_bytes"] = index_memory(case / name / "index")[1]
         else:
-            merge = HandWrittenMerge(str(uri))
-            seconds = stream(spark, landing, case / name / "cp", merge)
-            above = [s - m for s, m in zip(seconds, merge.merge_seconds)]
+            merge = BASELINES[name](str(uri))
+            seconds, _, merge_seconds = stream(spark, landing, case / name / "cp", merge)
+            above = [s - m for s, m in zip(seconds, merge_seconds)]
             extra = {"above_commit": round(median_after_first(above), 3)}
         results[name] = {"batch_seconds": [round(s, 3) for s in seconds],
                          "median_after_first": round(median_after_first(seconds), 3), **extra}
     expected = table_contents(str(case / "baseline" / "table"))
-    equal = all(table_contents(str(case / name / "table")).equals(expected) for name in contenders)
+    equal = all(table_contents(str(case / name / "table"), spark).equals(expected) for name in contenders)
     for figures in results.values():
         if "key_filter_bytes" in figures:  # per key of the table (the index also holds tombstones)
             figures["key_filter_bytes_per_key"] = round(figures.pop("key_filter_bytes") / expected.num_rows, 3)
     # Executor tagging's Python workers keep their replicas open and checkpoint them once idle
     # (sink.index.worker_replicas): a checkpoint may write into a directory being removed.
     shutil.rmtree(case, ignore_errors=True)
-    baseline = results["baseline"]["median_after_first"]
-    ratios = {f"ratio_baseline_over_{name.replace('-', '_')}": round(baseline / results[name]["median_after_first"], 2)
-              for name in contenders if name != "baseline"}
+    ratios = {f"ratio_{base.replace('-', '_')}_over_{name.replace('-', '_')}":
+              round(results[base]["median_after_first"] / results[name]["median_after_first"], 2)
+              for base in contenders if base in BASELINES for name in contenders if name not in BASELINES}
     return {"workload": workload, "table_rows": table_rows, "batches": batches, "batch_rows": batch_rows,
             **results, **ratios, "tables_equal": equal}
 
@@ -153,8 +185,9 @@ def run_tiny(spark, work: Path, table_rows: int, batch_sizes: list[int], batches
     write_start_table(str(template), table_rows)
     out = []
     for batch_rows in batch_sizes:
+        # delta-spark's MERGE costs seconds even for one record: the tiny cases leave it out.
         case = run_case(spark, work / f"tiny-{batch_rows}", template, "events", table_rows, batches, batch_rows,
-                        num_shards)
+                        num_shards, ("sink", "sink-executors", "sink-merge", "baseline"))
         log(f"tiny batches of {batch_rows}: sink {case['sink']['median_after_first']}s, baseline "
             f"{case['baseline']['median_after_first']}s; tables equal: {case['tables_equal']}")
         out.append(case)
@@ -163,7 +196,7 @@ def run_tiny(spark, work: Path, table_rows: int, batch_sizes: list[int], batches
 
 
 def warm_up(spark, work: Path, num_shards: int, contenders: tuple[str, ...] = CONTENDERS,
-            executor_index_dirs: bool = False, batch_rows: int = 100_000) -> None:
+            executor_index_dirs: bool = False, batch_rows: int = 100_000, remote: bool = False) -> None:
     """One case at the measured batch size, not recorded: the JVM compiles the scan, the Arrow
     collect and the window dedupe during its first batches, and the contender that runs first
     in the first measured case (the sink) would pay for it alone. After a case of 20k-record
@@ -173,13 +206,13 @@ def warm_up(spark, work: Path, num_shards: int, contenders: tuple[str, ...] = CO
     template = work / "warm-up-start"
     write_start_table(str(template), 10 * batch_rows)
     run_case(spark, work, template, "events", 10 * batch_rows, 4, batch_rows, num_shards, contenders,
-             executor_index_dirs)
+             executor_index_dirs, remote)
     shutil.rmtree(template)
 
 
 def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int, batch_rows: int,
         num_shards: int, log=print, contenders: tuple[str, ...] = CONTENDERS,
-        executor_index_dirs: bool = False) -> list[dict]:
+        executor_index_dirs: bool = False, remote: bool = False) -> list[dict]:
     out = []
     for rows in sizes:
         template = work / f"start-{rows}"
@@ -188,10 +221,10 @@ def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int,
         log(f"starting table {rows:,} rows in {time.perf_counter() - started:.1f}s")
         for workload in workloads:
             case = run_case(spark, work, template, workload, rows, batches, batch_rows, num_shards, contenders,
-                            executor_index_dirs)
+                            executor_index_dirs, remote)
             figures = ", ".join(f"{name} {case[name]['median_after_first']}s" for name in contenders)
             log(f"{workload} {rows:,} per batch: {figures}; tables equal: {case['tables_equal']}")
-            for name in (n for n in contenders if n != "baseline"):
+            for name in (n for n in contenders if n not in BASELINES):
                 log(f"  {name} phases (s): {breakdown(case[name]['phases'])}")
             out.append(case)
         shutil.rmtree(template)

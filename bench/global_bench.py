@@ -29,6 +29,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
+from bench.baseline import SparkMerge
 from bench.e2e import breakdown, index_memory, median_after_first, report_figures, stream
 from bench.workloads import SCHEMA
 
@@ -175,14 +176,13 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
                      index_dir=str(case / "sink" / "index"), num_shards=shards, metrics_port=0)
     file_cache.WRITTEN.clear()  # the previous case's files
     sink = UpsertSink(cfg)
-    seconds = stream(spark, landing, case / "sink" / "cp", sink)
-    reports = sink.reports
+    seconds, reports, _ = stream(spark, landing, case / "sink" / "cp", sink)
     sink.close()  # saves the key filters
     keys = expected.num_rows  # the index also holds the few deleted keys' tombstones
     rocksdb_memory, key_filter_memory = index_memory(case / "sink" / "index")
     out["sink"] = {
         "batch_seconds": [round(s, 3) for s in seconds], "median_after_first": round(median_after_first(seconds), 3),
-        **report_figures(reports),
+        **report_figures(reports, remote=False),
         "above_commit": round(median_after_first([s - r.commit_seconds for s, r in zip(seconds, reports)]), 3),
         "ops": [r.ops for r in reports],
         # No partition loads after bootstrap: the keyspace is exact, so none is a false positive.
@@ -198,14 +198,25 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
     uri = case / "baseline" / "table"
     shutil.copytree(template, uri)
     merge = GlobalHandWrittenMerge(str(uri))
-    seconds = stream(spark, landing, case / "baseline" / "cp", merge)
+    seconds, _, merge_seconds = stream(spark, landing, case / "baseline" / "cp", merge)
     out["baseline"] = {
         "batch_seconds": [round(s, 3) for s in seconds], "median_after_first": round(median_after_first(seconds), 3),
-        "above_commit": round(median_after_first([s - m for s, m in zip(seconds, merge.merge_seconds)]), 3),
+        "above_commit": round(median_after_first([s - m for s, m in zip(seconds, merge_seconds)]), 3),
         "table_equal_to_oracle": _sorted(DeltaTable(str(uri)).to_pyarrow_table()).equals(expected),
     }
-    ratio = out["baseline"]["median_after_first"] / out["sink"]["median_after_first"]
-    out["ratio_baseline_over_sink"] = round(ratio, 2)
+    # What a Spark user writes: the same MERGE ON the key alone, in delta-spark.
+    uri = case / "spark-merge" / "table"
+    shutil.copytree(template, uri)
+    merge = SparkMerge(str(uri), careful=False, scope="global")
+    seconds, _, merge_seconds = stream(spark, landing, case / "spark-merge" / "cp", merge)
+    out["spark-merge"] = {
+        "batch_seconds": [round(s, 3) for s in seconds], "median_after_first": round(median_after_first(seconds), 3),
+        "above_commit": round(median_after_first([s - m for s, m in zip(seconds, merge_seconds)]), 3),
+        "table_equal_to_oracle": _sorted(DeltaTable(str(uri)).to_pyarrow_table()).equals(expected),
+    }
+    for base in ("baseline", "spark-merge"):
+        ratio = out[base]["median_after_first"] / out["sink"]["median_after_first"]
+        out[f"ratio_{base.replace('-', '_')}_over_sink"] = round(ratio, 2)
     shutil.rmtree(case)
     return out
 
@@ -220,9 +231,11 @@ def run(spark, work: Path, sizes: list[int], batches: int, batch_rows: int, log=
         for rows in sizes:
             result = run_case(spark, work, rows, batches, batch_rows, spread)
             log(f"{result['workload']} {rows:,}: sink {result['sink']['median_after_first']}s, baseline "
-                f"{result['baseline']['median_after_first']}s ({result['ratio_baseline_over_sink']}x); "
+                f"{result['baseline']['median_after_first']}s ({result['ratio_baseline_over_sink']}x), delta-spark "
+                f"{result['spark-merge']['median_after_first']}s ({result['ratio_spark_merge_over_sink']}x); "
                 f"equal to the oracle: {result['sink']['table_equal_to_oracle']}/"
-                f"{result['baseline']['table_equal_to_oracle']}; index memory "
+                f"{result['baseline']['table_equal_to_oracle']}/{result['spark-merge']['table_equal_to_oracle']}; "
+                "index memory "
                 f"{result['sink']['index_memory_bytes_per_key']} B/key, key filter "
                 f"{result['sink']['key_filter_bytes_per_key']} B/key, its false positives per batch "
                 f"{result['sink']['key_filter_false_positives']}")
@@ -242,7 +255,8 @@ def main() -> None:
     from jobs.spark_session import spark_session
 
     spark = spark_session("bench-global", "local[2]", {"spark.sql.shuffle.partitions": "2",
-                                                       "spark.ui.enabled": "false"})
+                                                       "spark.ui.enabled": "false", **SparkMerge.SESSION_CONF},
+                          delta=True)
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="sink-global-"))
     try:

@@ -55,13 +55,13 @@ def run(spark, work: Path, sizes: list[int], batches: int, batch_rows: int, num_
                              index_dir=str(case / name / "index"), num_shards=num_shards, metrics_port=0,
                              scd_type=scd_type)
             sink = UpsertSink(cfg)
-            seconds = stream(spark, case / "landing", case / name / "cp", sink)
+            seconds, reports, _ = stream(spark, case / "landing", case / name / "cp", sink)
             sink.close()
             results[name] = {"batch_seconds": [round(s, 3) for s in seconds],
                              "median_after_first": round(median_after_first(seconds), 3),
-                             **report_figures(sink.reports),
-                             "versions_written": [r.versions_written for r in sink.reports],
-                             "versions_replaced": [r.versions_replaced for r in sink.reports],
+                             **report_figures(reports, remote=False),
+                             "versions_written": [r.versions_written for r in reports],
+                             "versions_replaced": [r.versions_replaced for r in reports],
                              "table_rows_after": DeltaTable(str(uri)).to_pyarrow_dataset().count_rows()}
         equal = current_rows(str(case / "type-2" / "table")).equals(current_rows(str(case / "type-1" / "table")))
         shutil.rmtree(case)

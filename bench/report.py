@@ -19,6 +19,24 @@ def markdown(result: dict) -> str:
             f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {c['baseline']['median_after_first']:.2f} s "
             f"| {c['sink']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink']:.2f}x) "
             f"| {c['sink-executors']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink_executors']:.2f}x) |")
+    spark = [c for c in result["e2e"] if "spark-merge-careful" in c]
+    with_dvs = {c["table_rows"]: c for c in result.get("e2e_deletion_vectors", [])}
+    if spark:
+        dv_note = " (with deletion vectors)" if with_dvs else ""
+        lines += ["", "| workload | table rows | delta-spark MERGE, as documented | delta-spark MERGE, partitions in "
+                  f"ON{dv_note} | sink, default | sink, executor tagging | tables equal |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        for c in spark:
+            careful = f"{c['spark-merge-careful']['median_after_first']:.2f} s"
+            dv = with_dvs.get(c["table_rows"]) if c["workload"] == "events" else None
+            if dv is not None:
+                careful += f" ({dv['spark-merge-careful-dv']['median_after_first']:.2f} s)"
+            lines.append(
+                f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {c['spark-merge']['median_after_first']:.2f} s "
+                f"| {careful} | {c['sink']['median_after_first']:.2f} s "
+                f"({c['ratio_spark_merge_careful_over_sink']:.2f}x) | "
+                f"{c['sink-executors']['median_after_first']:.2f} s "
+                f"({c['ratio_spark_merge_careful_over_sink_executors']:.2f}x) | {c['tables_equal']} |")
     lines += ["", "| events, executor tagging | table rows | hand-written MERGE | sink | sink, batches with warm "
               "replicas | partition loads, warm batches | shard moves |", "|---|---:|---:|---:|---:|---:|---:|"]
     one = {c["table_rows"]: c for c in result["e2e"] if c["workload"] == "events"}
@@ -35,6 +53,16 @@ def markdown(result: dict) -> str:
                          f"{case['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
                          f"({case['ratio_baseline_over_sink_executors']:.2f}x) | {sink['median_warm']:.2f} s | "
                          f"{loads} | {moves} |")
+    if result.get("e2e_connect"):
+        lines += ["", "| events, seconds per batch | table rows | hand-written MERGE | sink, driver tagging | "
+                  "sink, executor tagging | tables equal |", "|---|---:|---:|---:|---:|---|"]
+        for c in result["e2e_connect"]:
+            for label, case in (("classic session", one.get(c["table_rows"])), ("through Spark Connect", c)):
+                if case is not None:
+                    lines.append(f"| {label} | {case['table_rows'] // 1_000_000}M | "
+                                 + " | ".join(f"{case[n]['median_after_first']:.2f} s"
+                                              for n in ("baseline", "sink", "sink-executors"))
+                                 + f" | {case['tables_equal']} |")
     if result.get("driver_memory"):
         lines += ["", "| one batch, executor tagging, two executors | commit | driver's Python peak above its "
                   "peak before | batch | table equal to expected |", "|---:|---|---:|---:|---|"]
@@ -96,18 +124,21 @@ def markdown(result: dict) -> str:
                          + " | ".join(f"{c['sink']['tag_steps'][n]:.3f}" for n in names)
                          + f" | {'n/a' if filters is None else f'{filters} B'} |")
     if result.get("global"):
-        lines += ["", "| global scope | table rows | MERGE on the key alone | sink | sink commit "
-                  "| index memory per key | key filter per key | its false positives per batch "
+        lines += ["", "| global scope | table rows | MERGE on the key alone (delta-rs) | the same in delta-spark "
+                  "| sink | sink commit | index memory per key | key filter per key | its false positives per batch "
                   "| partition loads after bootstrap | tables equal to the oracle |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for c in result["global"]:
             sink = c["sink"]
+            contenders = [c[n] for n in ("sink", "baseline", "spark-merge") if n in c]
+            spark = (f"{c['spark-merge']['median_after_first']:.2f} s ({c['ratio_spark_merge_over_sink']:.2f}x)"
+                     if "spark-merge" in c else "n/a")  # results before it lack it
             lines.append(f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | "
-                         f"{c['baseline']['median_after_first']:.2f} s | {sink['median_after_first']:.2f} s "
-                         f"({c['ratio_baseline_over_sink']:.2f}x) | {sink['phases'].get('commit', 0.0):.2f} s | "
+                         f"{c['baseline']['median_after_first']:.2f} s ({c['ratio_baseline_over_sink']:.2f}x) | "
+                         f"{spark} | {sink['median_after_first']:.2f} s | {sink['phases'].get('commit', 0.0):.2f} s | "
                          f"{sink['index_memory_bytes_per_key']} B | {_key_filter(sink)} | "
                          f"{sink['loads_after_bootstrap']} | "
-                         f"{sink['table_equal_to_oracle'] and c['baseline']['table_equal_to_oracle']} |")
+                         f"{all(x['table_equal_to_oracle'] for x in contenders)} |")
     if result.get("history"):
         lines += ["", "| SCD type 2 (events) | table rows | type 1 | type 2 | type 2 / type 1 | type 2 commit "
                   "| versions written / replaced per batch | current rows equal to type 1 |",

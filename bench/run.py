@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench import commit_bench, e2e, global_bench, history_bench, tagging_bench
+from bench.baseline import SparkMerge
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,6 +69,16 @@ def two_executor_figures(params: dict) -> list[dict]:
         return json.loads(out.read_text())["cases"]
 
 
+def connect_figures(params: dict) -> list[dict]:
+    """bench.connect_bench in a child process (a process holds one kind of session)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "connect.json"
+        subprocess.run([sys.executable, "-m", "bench.connect_bench", "--sizes", str(params["sizes"][0]),
+                        "--batches", str(params["batches"]), "--batch-rows", str(params["batch_rows"]),
+                        "--out", str(out)], check=True, cwd=Path(__file__).resolve().parent.parent)
+        return json.loads(out.read_text())["cases"]
+
+
 def driver_memory_figures(sizes: list[int]) -> list[dict]:
     """bench.driver_memory, one child process per size and commit mode (a Spark application
     each, and its own peak RSS): the executors writing the files, the MERGE fallback, and the
@@ -94,13 +105,17 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     labels = [f"{c['workload']}\n{c['table_rows'] // 1_000_000}M rows" for c in cases]
     x = range(len(cases))
-    width = 0.2
-    for i, (name, color) in enumerate([("baseline", "#999999"), ("sink", "#2ca02c"), ("sink-executors", "#1f77b4"),
-                                       ("sink-merge", "#ff7f0e")]):
-        axes[0].bar([p + (i - 1.5) * width for p in x], [c[name]["median_after_first"] for c in cases], width,
-                    label={"baseline": "hand-written MERGE", "sink": "sink, default (driver tagging here)",
-                           "sink-executors": "sink (executor tagging)",
-                           "sink-merge": "sink, MERGE commit"}[name], color=color)
+    bars = [(name, color, label) for name, color, label in [
+        ("baseline", "#999999", "hand-written MERGE (delta-rs)"),
+        ("spark-merge", "#d62728", "delta-spark MERGE, as documented"),
+        ("spark-merge-careful", "#9467bd", "delta-spark MERGE, partitions in ON"),
+        ("sink", "#2ca02c", "sink, default (driver tagging here)"),
+        ("sink-executors", "#1f77b4", "sink (executor tagging)"),
+        ("sink-merge", "#ff7f0e", "sink, MERGE commit")] if name in cases[0]]
+    width = 0.8 / len(bars)
+    for i, (name, color, label) in enumerate(bars):
+        axes[0].bar([p + (i - (len(bars) - 1) / 2) * width for p in x], [c[name]["median_after_first"] for c in cases],
+                    width, label=label, color=color)
     axes[0].set_xticks(list(x), labels, fontsize=7, rotation=30, ha="right")
     axes[0].set_ylabel("seconds per 100k-record batch (median)")
     axes[0].set_title("End to end, side by side")
@@ -137,13 +152,19 @@ def main() -> None:
     print("== end to end", flush=True)
     from jobs.spark_session import spark_session
 
-    spark = spark_session("bench", "local[2]", {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"})
+    # With Delta's Spark engine: the delta-spark MERGE baselines run in it.
+    spark = spark_session("bench", "local[2]", {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
+                                                **SparkMerge.SESSION_CONF}, delta=True)
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
     try:
         e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
         result["e2e"] = e2e.run(spark, work, params["sizes"], params["workloads"], params["batches"],
                                 params["batch_rows"], num_shards=2)
+        print("== delta-spark's MERGE on a table with deletion vectors (events)", flush=True)
+        result["e2e_deletion_vectors"] = e2e.run(spark, work, params["sizes"], ["events"], params["batches"],
+                                                 params["batch_rows"], num_shards=2,
+                                                 contenders=("baseline", "spark-merge-careful-dv"))
         print("== tiny batches (events mix)", flush=True)
         result["e2e_tiny"] = e2e.run_tiny(spark, work, params["sizes"][0], TINY_BATCH_ROWS, params["tiny_batches"])
         print("== global scope (365 partitions, against a MERGE on the key alone)", flush=True)
@@ -157,6 +178,8 @@ def main() -> None:
     spark.stop()
     print("== end to end, two executors (events, executor tagging)", flush=True)
     result["e2e_two_executors"] = two_executor_figures(params)
+    print(f"== end to end through Spark Connect (events, {params['sizes'][0]:,} rows)", flush=True)
+    result["e2e_connect"] = connect_figures(params)
     print("== the driver's memory per batch (executor tagging, two executors)", flush=True)
     result["driver_memory"] = driver_memory_figures(params["memory_sizes"])
     result["seconds"] = round(time.perf_counter() - started, 1)

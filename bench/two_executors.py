@@ -1,7 +1,7 @@
 """The events workload on two executors (Spark's local-cluster: two executor JVMs, each
 keeping its replicas in its own local dir, as on two machines), executor tagging against
-the hand-written MERGE. One Spark application per process: `bench.run` starts this one
-as a child and reads its JSON.
+the hand-written MERGE (delta-rs) and delta-spark's MERGE with the partitions in ON. One
+Spark application per process: `bench.run` starts this one as a child and reads its JSON.
 
     python -m bench.two_executors --sizes 1000000 --batches 4 --batch-rows 100000 --out r.json
 """
@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 MASTER = "local-cluster[2,1,1024]"
+CONTENDERS = ("sink-executors", "baseline", "spark-merge-careful")
 
 
 def main() -> None:
@@ -30,20 +31,20 @@ def main() -> None:
     import pyspark
 
     from bench import e2e
+    from bench.baseline import SparkMerge
     from jobs.spark_session import spark_session
 
     # local-cluster starts executor JVMs from SPARK_HOME: the pip package directory.
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
     spark = spark_session("bench-two-executors", MASTER, {
         "spark.sql.shuffle.partitions": str(args.shards), "spark.default.parallelism": str(args.shards),
-        "spark.ui.enabled": "false", "spark.executor.memory": "1g"})
+        "spark.ui.enabled": "false", "spark.executor.memory": "1g", **SparkMerge.SESSION_CONF}, delta=True)
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="sink-two-executors-"))
     try:
-        e2e.warm_up(spark, work, args.shards, ("sink-executors", "baseline"), executor_index_dirs=True,
-                   batch_rows=args.batch_rows)
+        e2e.warm_up(spark, work, args.shards, CONTENDERS, executor_index_dirs=True, batch_rows=args.batch_rows)
         cases = e2e.run(spark, work, args.sizes, ["events"], args.batches, args.batch_rows, args.shards,
-                        contenders=("sink-executors", "baseline"), executor_index_dirs=True)
+                        contenders=CONTENDERS, executor_index_dirs=True)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
