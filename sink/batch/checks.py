@@ -44,6 +44,7 @@ class Checks:
         state.batch_df = batch_df = with_hidden_ordering(state.batch_df, self._stream_config)
         self._target.open_or_create(self.stored_schema(batch_df), self.contract)
         self._target.refresh()
+        self._target.check_writable()
         self._check_contract()
         state.added = self.added_columns(batch_df)
         state.committed = self._target.transaction_version(self._writer_id)
@@ -65,6 +66,7 @@ class Checks:
             if not self._config.num_shards:  # ConfigError where the session cannot tell its cores
                 session_kind(df.sparkSession).default_parallelism()
             if self._target.exists():
+                self._target.check_writable()
                 self.added_columns(with_hidden_ordering(df, self._stream_config))
             self._validated = df.schema
 
@@ -89,7 +91,7 @@ class Checks:
         # The history columns are the sink's: their type follows the contract, checked apart.
         stream, table = (pa.schema([f for f in s if f.name not in HISTORY_COLUMNS])
                          for s in (self.stored_schema(df, table.names), table))
-        added = added_columns(stream, table, roles, cfg.schema_evolution)
+        added = added_columns(stream, table, roles, cfg.schema_evolution, self._target.generated_columns())
         if cfg.scd_type == 2 and added:
             # A new untracked column (any, with ignore_null_updates) joins the run events too:
             # __RUN_EVENTS gains it as a field, null for the events stored before.

@@ -15,7 +15,7 @@ from deltalake.exceptions import CommitFailedError
 from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, merge, open_tables, rewrite, versions
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.features import merge_only_reason, unreadable_reason
+from sink.lakehouse.features import GENERATION_EXPRESSION, merge_only_reason, unreadable_reason, unwritable_reason
 from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
 from sink.lakehouse.predicates import partitions_predicate
 from sink.lakehouse.schema import pending, with_added
@@ -73,6 +73,13 @@ class DeltaTarget:
         self.table.alter.set_table_properties(contract.properties(), raise_if_not_exists=False)
         self.refresh()
 
+    def check_writable(self) -> None:
+        """UnsupportedTableError, naming the feature, for a table delta-rs cannot write."""
+        reason = unwritable_reason(self._dt or DeltaTable(self.uri))
+        if reason is not None:
+            raise UnsupportedTableError(f"{self.uri} uses {reason}: engine = 'deltalake' cannot write it, and "
+                                        "engine = 'delta-spark' is not built yet; nothing was written")
+
     def exists(self) -> bool:
         return self._dt is not None or DeltaTable.is_deltatable(self.uri)
 
@@ -90,6 +97,11 @@ class DeltaTarget:
 
     def table_id(self) -> str:
         return (self._dt or DeltaTable(self.uri)).metadata().id
+
+    def generated_columns(self) -> dict[str, str]:
+        fields = (self._dt or DeltaTable(self.uri)).schema().fields
+        return {f.name: str(f.metadata[GENERATION_EXPRESSION]) for f in fields
+                if GENERATION_EXPRESSION in (f.metadata or {})}
 
     def arrow_schema(self) -> pa.Schema:
         if self._dt is None:

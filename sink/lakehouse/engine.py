@@ -27,6 +27,9 @@ class DeltaEngine(Protocol):
 
     def exists(self) -> bool: ...
 
+    def check_writable(self) -> None:
+        """UnsupportedTableError, naming the feature, when this engine cannot write the table."""
+
     def open_or_create(self, schema: pa.Schema, contract: Contract) -> DeltaTable: ...
 
     def refresh(self) -> None:
@@ -37,6 +40,9 @@ class DeltaEngine(Protocol):
     def table_id(self) -> str: ...
 
     def arrow_schema(self) -> pa.Schema: ...
+
+    def generated_columns(self) -> dict[str, str]:
+        """The table's generated columns and their SQL expressions."""
 
     def partition_columns(self) -> list[str]: ...
 

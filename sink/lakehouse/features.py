@@ -20,10 +20,21 @@ _PROPERTIES = {
 }
 # A table that supports deletion vectors may hold files that carry one, even with the property off.
 _DELETION_VECTORS = "deletionVectors"
+GENERATION_EXPRESSION = "delta.generationExpression"  # a generated column's field metadata: its SQL
 _FIELD_METADATA = {
     "delta.invariants": "column invariants (a rewrite does not enforce them)",
-    "delta.generationExpression": "generated columns (a rewrite does not compute them)",
+    GENERATION_EXPRESSION: "generated columns (a rewrite does not compute them)",
 }
+# Writer features delta-rs (1.6.6) does not write at all: it refuses the commit ("Unsupported
+# table features required: [RowTracking, DomainMetadata]"), or the sink's checks misread the
+# table (an identity column looks like a column the stream dropped).
+_UNWRITABLE_FEATURES = {
+    "rowTracking": "row tracking (delta-rs does not assign row ids)",
+    "domainMetadata": "domain metadata (delta-rs does not write it; row tracking and liquid clustering use it)",
+    "identityColumns": "identity columns (delta-rs does not generate their values)",
+}
+# An identity column on a protocol without a feature list (writer version 6).
+_IDENTITY_METADATA = "delta.identity."
 _OFF = ("false", "none", "")
 _UNREADABLE = (_PROPERTIES["delta.enableDeletionVectors"], _PROPERTIES["delta.columnMapping.mode"])
 
@@ -41,6 +52,17 @@ def unreadable_reason(table: DeltaTable) -> str | None:
     """Why this table's data files cannot be read as plain Parquet files (a deletion vector
     hides rows, column mapping renames columns), or None when they can."""
     return next((r for r in _reasons(table) if r in _UNREADABLE), None)
+
+
+def unwritable_reason(table: DeltaTable) -> str | None:
+    """Why delta-rs cannot write this table at all (the features Delta's Spark engine keeps),
+    or None when it can."""
+    features = table.protocol().writer_features or ()
+    reason = next((r for f, r in _UNWRITABLE_FEATURES.items() if f in features), None)
+    fields = table.schema().fields
+    if reason is None and any(k.startswith(_IDENTITY_METADATA) for f in fields for k in f.metadata or {}):
+        reason = _UNWRITABLE_FEATURES["identityColumns"]
+    return reason
 
 
 def _reasons(table: DeltaTable) -> Iterator[str]:

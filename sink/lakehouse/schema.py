@@ -52,11 +52,20 @@ def with_added(present: pa.Schema, added: list[pa.Field]) -> pa.Schema:
     return pa.schema([*(widened.get(f.name, f) for f in present), *(f for f in added if f.name not in present.names)])
 
 
-def added_columns(stream: pa.Schema, table: pa.Schema, roles: Mapping[str, str], evolution: str) -> list[pa.Field]:
+def added_columns(stream: pa.Schema, table: pa.Schema, roles: Mapping[str, str], evolution: str,
+                  generated: Mapping[str, str] | None = None) -> list[pa.Field]:
     """The stream's columns the table lacks, to add (nullable) in the batch's commit; raises
-    SchemaError for a column the table has and the stream lacks, a type a cast would change
-    values of (naming the column and its role), or new columns under `evolution = "fail"`."""
+    SchemaError for a column the table has and the stream lacks (`generated`: the table's
+    generated columns and their expressions, which the stream must carry too), a type a cast
+    would change values of (naming the column and its role), or new columns under
+    `evolution = "fail"`."""
     gone = [n for n in table.names if n not in stream.names]
+    computed = {n: e for n, e in (generated or {}).items() if n in gone}
+    if computed:
+        selects = ", ".join(f"{e} AS {n}" for n, e in computed.items())
+        raise SchemaError(f"the table's generated column(s) {list(computed)} are not in the stream: the sink writes "
+                          f"the values the stream carries and computes none; add them to the stream's select "
+                          f"({selects}): Delta checks each value against its expression")
     if gone:
         raise SchemaError(f"the table's column(s) {gone} are not in the stream (dropped or renamed?): the sink "
                           "never drops a column; add them back to the stream, or migrate the table first")

@@ -1,0 +1,84 @@
+"""Tables created by Spark SQL with the features Spark users turn on, written by the sink's
+deltalake engine: exact where delta-rs honours the feature (read back through Spark), refused
+before anything is written, naming the feature, where it cannot."""
+
+import pytest
+from deltalake import DeltaTable
+
+from sink import SinkConfig, UpsertSink
+from sink.errors import SchemaError, UnsupportedTableError
+from tests.oracle import SCHEMA, expected_rows, random_batches
+
+pytestmark = pytest.mark.spark
+
+COLUMNS = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
+
+
+def create(spark, uri: str, columns: str = COLUMNS, properties: str = "", constraint: str = "") -> None:
+    spark.sql(f"CREATE TABLE delta.`{uri}` ({columns}) USING delta PARTITIONED BY (dt) {properties}")
+    if constraint:
+        spark.sql(f"ALTER TABLE delta.`{uri}` ADD CONSTRAINT {constraint}")
+
+
+def config(tmp_path, uri: str) -> SinkConfig:
+    return SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
+                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, tag_on="driver")
+
+
+def spark_rows(spark, uri):
+    rows = [r.asDict() for r in spark.read.format("delta").load(uri).select("id", "dt", "ts", "op", "v").collect()]
+    return sorted(rows, key=lambda r: (r["dt"], r["id"]))
+
+
+@pytest.mark.parametrize("properties, constraint", [
+    ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')", ""),
+    ("TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", ""),
+    ("TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", ""),
+    ("", "ts_not_negative CHECK (ts >= 0)"),
+], ids=["deletion vectors", "change data feed", "column mapping", "CHECK constraint"])
+def test_a_table_spark_created_with_a_feature_delta_rs_honours_is_written_exactly(spark, tmp_path, properties,
+                                                                                   constraint):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=properties, constraint=constraint)
+    batches = random_batches(41, batches=3, per_batch=150, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri))
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+    assert [r.mode for r in sink.reports] == ["append", "merge", "merge"]  # the rewrite cannot honour them
+
+
+def test_a_generated_column_the_stream_carries_is_written_and_one_it_lacks_is_named_with_its_expression(
+        spark, tmp_path):
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=COLUMNS + ", g STRING GENERATED ALWAYS AS (upper(v))")
+    batches = random_batches(43, batches=3, per_batch=150, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri))
+    with pytest.raises(SchemaError, match=r"generated column\(s\) \['g'\] are not in the stream: .* add them to "
+                                          r"the stream's select \(upper\(v\) AS g\)"):
+        sink(spark.createDataFrame(batches[0], SCHEMA), 0)
+    assert DeltaTable(uri).version() == 0
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA).selectExpr("*", "upper(v) AS g"), b)
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+    assert spark.read.format("delta").load(uri).where("g IS DISTINCT FROM upper(v)").count() == 0
+
+
+@pytest.mark.parametrize("columns, properties, named", [
+    (COLUMNS, "TBLPROPERTIES ('delta.enableRowTracking' = 'true')", "row tracking"),
+    (COLUMNS + ", n BIGINT GENERATED ALWAYS AS IDENTITY", "", "identity columns"),
+], ids=["row tracking", "identity column"])
+def test_a_table_spark_created_with_a_feature_delta_rs_cannot_write_is_refused_before_writing(
+        spark, tmp_path, columns, properties, named):
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=columns, properties=properties)
+    version = DeltaTable(uri).version()
+    sink = UpsertSink(config(tmp_path, uri))
+    df = spark.createDataFrame(random_batches(42, batches=1, per_batch=50, bad_share=0)[0], SCHEMA)
+    message = rf"uses {named} \(.*\): engine = 'deltalake' cannot write it, .*nothing was written"
+    with pytest.raises(UnsupportedTableError, match=message):
+        sink.validate(df)  # the job's check before its query starts
+    with pytest.raises(UnsupportedTableError, match=message):
+        sink(df, 0)
+    assert DeltaTable(uri).version() == version
+    assert spark_rows(spark, uri) == []
