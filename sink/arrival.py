@@ -15,8 +15,6 @@ orders the files of its own records by their modification time (`path_order`).
 from __future__ import annotations
 
 import logging
-import os
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -46,10 +44,7 @@ def path_order(paths: list[str]) -> tuple[str, ...]:
     """File paths (as input_file_name() gives them: URL-encoded URIs) oldest first, ties by
     path; "" (a record not read from a file) is left out. A file whose modification time
     cannot be read (a filesystem pyarrow does not reach) sorts by path after the others."""
-    stamped = []
-    for path in paths:
-        if path:
-            stamped.append((modification_ms(path), path))
+    stamped = [(modification_ms(path), path) for path in paths if path]
     unknown = [p for m, p in stamped if m is None]
     if unknown:
         log.warning("cannot read the modification time of %d input files (first: %s): ties between their records "
@@ -60,13 +55,10 @@ def path_order(paths: list[str]) -> tuple[str, ...]:
 def modification_ms(uri: str) -> int | None:
     """A file's modification time in ms, as Spark's file source lists it; None when unknown."""
     try:
-        parsed = urlparse(uri)
-        if parsed.scheme in ("", "file"):
-            return os.stat(unquote(parsed.path)).st_mtime_ns // 1_000_000
-        fs, path = pafs.FileSystem.from_uri(uri)
-        mtime = fs.get_file_info(unquote(path)).mtime
-        return None if mtime is None else int(mtime.timestamp() * 1000)
-    except Exception as e:  # gone, or a scheme pyarrow has no filesystem for
+        fs, path = pafs.FileSystem.from_uri(uri)  # decodes the URI's %-escapes
+        mtime = fs.get_file_info(path).mtime_ns  # None for a file that is gone
+        return None if mtime is None else mtime // 1_000_000
+    except Exception as e:  # a scheme pyarrow has no filesystem for
         log.debug("cannot stat %s (%s)", uri, e)
         return None
 
