@@ -90,7 +90,7 @@ class UpsertSink:
         session = session_kind(spark)
         if not self.config.tags_on_driver(session.master()):
             replicas = Replicas(self._target.table_id(), self.config.index_dir, spark.conf.get("spark.local.dir", None))
-            release_executor_replicas(spark, session, replicas)
+            release_executor_replicas(session, replicas)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()

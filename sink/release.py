@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
 
 from sink.errors import ReplicaLockedError
 from sink.index import holder
@@ -20,7 +19,7 @@ from sink.index.registry import close_kept_open
 from sink.index.replica import ShardReplica
 from sink.library_errors import first_line
 from sink.session import SessionKind
-from sink.task_context import TaskContext, default_index_root
+from sink.task_context import TaskContext, index_root
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +41,10 @@ class Replicas:
         return cls(ctx.table_id, ctx.index.index_dir, ctx.driver_local_dir)
 
     def table_dir(self) -> Path:
-        return Path(self.index_dir or default_index_root(self.driver_local_dir)) / self.table_id
+        return Path(index_root(self.index_dir, self.driver_local_dir)) / self.table_id
 
 
-def release_executor_replicas(spark: SparkSession, session: SessionKind, replicas: Replicas) -> None:
+def release_executor_replicas(session: SessionKind, replicas: Replicas) -> None:
     """Run `release_replicas` on every executor: tasks, two per executor at first, land where
     the scheduler offers cores; a round that missed an executor is followed by a larger one.
     Best effort: a replica not released costs a rebuild, so a failure is logged, not raised.
@@ -54,7 +53,7 @@ def release_executor_replicas(spark: SparkSession, session: SessionKind, replica
     seen: set[str] = set()
     tasks = 2 * executors
     for _ in range(RELEASE_ROUNDS):
-        job = spark.range(0, tasks, 1, tasks).mapInArrow(partial(release_task, replicas), RELEASED)
+        job = session.spark.range(0, tasks, 1, tasks).mapInArrow(partial(release_task, replicas), RELEASED)
         try:
             seen.update(job.toArrow().column("executor").to_pylist())
         except Exception as e:

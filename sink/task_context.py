@@ -80,7 +80,7 @@ class TaskContext:
         return replica_spec(self.table.key, self.table.partition_by, self.table.ordering, self.table.scope)
 
     def index_root(self) -> str:
-        return self.index.index_dir or default_index_root(self.driver_local_dir)
+        return index_root(self.index.index_dir, self.driver_local_dir)
 
     def changelog_header(self) -> changelog.Header:
         return changelog.Header(self.table_id, self.writer_id, self.batch_id, self.num_shards, self.spec)
@@ -106,6 +106,11 @@ def spark_local_dirs(env: dict[str, str] | None = None) -> list[str]:
     else:
         dirs = env.get("SPARK_LOCAL_DIRS", "").split(",")
     return [d for d in dirs if d]
+
+
+def index_root(index_dir: str | None, driver_local_dir: str | None) -> str:
+    """Where this process finds a table's replicas: the config's index_dir, else its default."""
+    return index_dir or default_index_root(driver_local_dir)
 
 
 def default_index_root(driver_local_dir: str | None = None, env: dict[str, str] | None = None) -> str:

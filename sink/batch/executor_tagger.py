@@ -9,7 +9,7 @@ import logging
 from functools import partial
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sink import columns as C
@@ -52,9 +52,8 @@ class ExecutorTagger:
         self._history_batch = history_batch  # (schema, ctx) -> HistoryBatch, for history tables' writing tasks
         self._session = session
         self.changelog_uri = config.resolved_changelog_uri
-        # The session and a batch's task context, to release the executors' replicas when the
-        # stream ends (`close`).
-        self._executors: tuple[SparkSession, SessionKind, Replicas] | None = None
+        # The replicas of the table the executors keep, released when the stream ends (`close`).
+        self._replicas: Replicas | None = None
 
     def writes_files(self, target: DeltaEngine) -> bool:
         """Executors write the batch's files where the table allows (else the driver commits
@@ -68,7 +67,7 @@ class ExecutorTagger:
         writing tasks' file rows in place of the writes. The tombstones are left to the side
         tables phase."""
         ctx, prepared = state.ctx, state.prepared
-        self._executors = (prepared.sparkSession, self._session, Replicas.of(ctx))
+        self._replicas = Replicas.of(ctx)
         release = None
         try:
             with state.report.timed("tag"):
@@ -95,9 +94,9 @@ class ExecutorTagger:
                 self._side_tables.sweep_changelog(self.changelog_uri, state.ctx.table_version)
 
     def close(self) -> None:
-        if self._executors is not None:
-            release_executor_replicas(*self._executors)
-            self._executors = None
+        if self._replicas is not None:
+            release_executor_replicas(self._session, self._replicas)
+            self._replicas = None
 
     def _run(self, job: DataFrame, state: BatchState) -> pa.Table:
         """The job's output. A lost executor normally costs its tasks, which Spark runs again;

@@ -75,13 +75,18 @@ class DeltaTarget:
 
     def check_writable(self) -> None:
         """UnsupportedTableError, naming the feature, for a table delta-rs cannot write."""
-        reason = unwritable_reason(self._dt or DeltaTable(self.uri))
+        reason = unwritable_reason(self._read())
         if reason is not None:
             raise UnsupportedTableError(f"{self.uri} uses {reason}: engine = 'deltalake' cannot write it, and "
                                         "engine = 'delta-spark' is not built yet; nothing was written")
 
     def exists(self) -> bool:
         return self._dt is not None or DeltaTable.is_deltatable(self.uri)
+
+    def _read(self) -> DeltaTable:
+        """The open table, or else its latest version, for the checks made before the sink
+        opens it (the job's `validate`, a Connect client's `close`)."""
+        return self._dt or DeltaTable(self.uri)
 
     @property
     def table(self) -> DeltaTable:
@@ -96,17 +101,15 @@ class DeltaTarget:
         return self.table.version()
 
     def table_id(self) -> str:
-        return (self._dt or DeltaTable(self.uri)).metadata().id
+        return self._read().metadata().id
 
     def generated_columns(self) -> dict[str, str]:
-        fields = (self._dt or DeltaTable(self.uri)).schema().fields
+        fields = self._read().schema().fields
         return {f.name: str(f.metadata[GENERATION_EXPRESSION]) for f in fields
                 if GENERATION_EXPRESSION in (f.metadata or {})}
 
     def arrow_schema(self) -> pa.Schema:
-        if self._dt is None:
-            return pa.schema(DeltaTable(self.uri).schema().to_arrow())
-        return pa.schema(self.table.schema().to_arrow())
+        return pa.schema(self._read().schema().to_arrow())
 
     def transaction_version(self, app_id: str) -> int | None:
         return self.table.transaction_version(app_id)

@@ -19,6 +19,7 @@ class Shared(Protocol):
 
 class SessionKind(Protocol):
     name: Literal["classic", "connect"]
+    spark: SparkSession
     # SQL for a record's input file: what `sink.arrival` orders by.
     file_column: str
 

@@ -18,17 +18,17 @@ class ClassicSession:
     file_column = "xxhash64(input_file_name())"
 
     def __init__(self, spark: SparkSession):
-        self._spark = spark
+        self.spark = spark
 
     def master(self) -> str:
-        return self._spark.sparkContext.master
+        return self.spark.sparkContext.master
 
     def default_parallelism(self) -> int:
-        return self._spark.sparkContext.defaultParallelism
+        return self.spark.sparkContext.defaultParallelism
 
     def executor_count(self) -> int:
         try:
-            registered = self._spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()  # the driver counts too
+            registered = self.spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()  # the driver counts too
         except Exception as e:  # Spark's internals changed: one round of tasks
             log.debug("cannot count the executors (%s)", e)
             return 1
@@ -59,11 +59,11 @@ class ClassicSession:
         return found
 
     def share(self, value: Any):
-        broadcast = self._spark.sparkContext.broadcast(value)
+        broadcast = self.spark.sparkContext.broadcast(value)
         return broadcast, broadcast.unpersist
 
     def set_log_level(self, level: str) -> None:
-        self._spark.sparkContext.setLogLevel(level)
+        self.spark.sparkContext.setLogLevel(level)
 
     def host_foreach_batch(self) -> None:
         """The driver: the sink's `close` and the process's exit close its replicas."""

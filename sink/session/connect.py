@@ -24,13 +24,13 @@ class ConnectSession:
     file_column = "input_file_name()"
 
     def __init__(self, spark: SparkSession):
-        self._spark = spark
+        self.spark = spark
 
     def master(self) -> str:
-        return self._spark.conf.get("spark.master", "") or ""
+        return self.spark.conf.get("spark.master", "") or ""
 
     def default_parallelism(self) -> int:
-        configured = self._spark.conf.get("spark.default.parallelism", None)
+        configured = self.spark.conf.get("spark.default.parallelism", None)
         if configured:
             return int(configured)
         # The Connect server runs on the driver, whose cores a local master names.
@@ -46,7 +46,7 @@ class ConnectSession:
         counted = executors_of_master(self.master())
         if counted is not None:
             return counted
-        return int(self._spark.conf.get("spark.executor.instances", "1") or 1)
+        return int(self.spark.conf.get("spark.executor.instances", "1") or 1)
 
     def batch_file_order(self, batch_df: DataFrame) -> None:
         return None
