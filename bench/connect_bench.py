@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 REMOTE = "local[2]"
@@ -30,15 +28,8 @@ def main() -> None:
 
     spark = spark_session("bench-connect", remote=REMOTE, conf={"spark.sql.shuffle.partitions": "2",
                                                                  "spark.ui.enabled": "false"})
-    contenders = ("sink", "sink-executors", "baseline")
-    work = Path(tempfile.mkdtemp(prefix="sink-connect-"))
-    try:
-        e2e.warm_up(spark, work, 2, contenders, batch_rows=args.batch_rows, remote=True)
-        cases = e2e.run(spark, work, args.sizes, ["events"], args.batches, args.batch_rows, 2,
-                        contenders=contenders, remote=True)
-    finally:
-        spark.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    cases = e2e.run_child(spark, args.sizes, args.batches, args.batch_rows, 2, ("sink", "sink-executors", "baseline"),
+                          remote=True)
     Path(args.out).write_text(json.dumps({"remote": REMOTE, "cases": cases}, indent=1))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import shutil
 import statistics
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -44,8 +45,9 @@ class Timed:
         self.foreach(df, batch_id)
         seconds = time.perf_counter() - started
         reports = getattr(self.foreach, "reports", None)
+        merges = getattr(self.foreach, "merge_seconds", None)
         with self.out.open("ab") as f:
-            pickle.dump((seconds, reports[-1] if reports else None, getattr(self.foreach, "merge_seconds", None)), f)
+            pickle.dump((seconds, reports[-1] if reports else None, merges[-1] if merges else None), f)
 
 
 def stream(spark, landing: Path, checkpoint: Path, foreach) -> tuple[list[float], list, list[float]]:
@@ -60,8 +62,8 @@ def stream(spark, landing: Path, checkpoint: Path, foreach) -> tuple[list[float]
     with out.open("rb") as f:
         while f.peek(1):
             batches.append(pickle.load(f))
-    merge_seconds = batches[-1][2] or []
-    return [s for s, _, _ in batches], [r for _, r, _ in batches if r is not None], merge_seconds
+    return ([s for s, _, _ in batches], [r for _, r, _ in batches if r is not None],
+            [m for _, _, m in batches if m is not None])
 
 
 def table_contents(uri: str, spark=None) -> pa.Table:
@@ -208,6 +210,19 @@ def warm_up(spark, work: Path, num_shards: int, contenders: tuple[str, ...] = CO
     run_case(spark, work, template, "events", 10 * batch_rows, 4, batch_rows, num_shards, contenders,
              executor_index_dirs, remote)
     shutil.rmtree(template)
+
+
+def run_child(spark, sizes: list[int], batches: int, batch_rows: int, shards: int, contenders: tuple[str, ...],
+              **options) -> list[dict]:
+    """A child bench's *events* cases (a Spark application of its own: bench.two_executors,
+    bench.connect_bench), after a warm-up; stops the session. `options`: run_case's."""
+    work = Path(tempfile.mkdtemp(prefix="sink-child-bench-"))
+    try:
+        warm_up(spark, work, shards, contenders, batch_rows=batch_rows, **options)
+        return run(spark, work, sizes, ["events"], batches, batch_rows, shards, contenders=contenders, **options)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int, batch_rows: int,

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 MASTER = "local-cluster[2,1,1024]"
@@ -40,14 +38,8 @@ def main() -> None:
         "spark.sql.shuffle.partitions": str(args.shards), "spark.default.parallelism": str(args.shards),
         "spark.ui.enabled": "false", "spark.executor.memory": "1g", **SparkMerge.SESSION_CONF}, delta=True)
     spark.sparkContext.setLogLevel("ERROR")
-    work = Path(tempfile.mkdtemp(prefix="sink-two-executors-"))
-    try:
-        e2e.warm_up(spark, work, args.shards, CONTENDERS, executor_index_dirs=True, batch_rows=args.batch_rows)
-        cases = e2e.run(spark, work, args.sizes, ["events"], args.batches, args.batch_rows, args.shards,
-                        contenders=CONTENDERS, executor_index_dirs=True)
-    finally:
-        spark.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    cases = e2e.run_child(spark, args.sizes, args.batches, args.batch_rows, args.shards, CONTENDERS,
+                          executor_index_dirs=True)
     Path(args.out).write_text(json.dumps({"master": MASTER, "cases": cases}, indent=1))
 
 
