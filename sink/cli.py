@@ -29,6 +29,7 @@ from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
+from sink.lakehouse.schema import plain_layouts
 from sink.library_errors import first_line
 from sink.task_context import default_index_root
 from sink.tombstones import compact
@@ -352,7 +353,8 @@ def _unmet(table: DeltaTable, wanted: Contract) -> list[str]:
     if wanted.scd_type == 2:  # a history table has a row per version of a key
         return []
     unique_by = distinct(wanted.key, wanted.partition_by if wanted.scope == "partitioned" else ())
-    counts = pa.table(table.to_pyarrow_table(columns=unique_by)).group_by(unique_by).aggregate([([], "count_all")])
+    # A scan: it reads through deletion vectors, which to_pyarrow_table refuses.
+    counts = plain_layouts(pa.table(table.scan(columns=unique_by))).group_by(unique_by).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
     if repeated.num_rows:
         example = repeated.slice(0, 1).drop_columns(["count_all"]).to_pylist()[0]

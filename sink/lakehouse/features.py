@@ -59,10 +59,14 @@ def unwritable_reason(table: DeltaTable) -> str | None:
     or None when it can."""
     features = table.protocol().writer_features or ()
     reason = next((r for f, r in _UNWRITABLE_FEATURES.items() if f in features), None)
-    fields = table.schema().fields
-    if reason is None and any(k.startswith(_IDENTITY_METADATA) for f in fields for k in f.metadata or {}):
+    if reason is None and identity_columns(table):
         reason = _UNWRITABLE_FEATURES["identityColumns"]
     return reason
+
+
+def identity_columns(table: DeltaTable) -> list[str]:
+    """The table's identity columns: their values are the engine's, never the stream's."""
+    return [f.name for f in table.schema().fields if any(k.startswith(_IDENTITY_METADATA) for k in f.metadata or {})]
 
 
 def _reasons(table: DeltaTable) -> Iterator[str]:

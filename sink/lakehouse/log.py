@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,8 @@ SHARDS_PROPERTY = "upsert_sink.shards"  # shards that had records in the batch
 NUM_SHARDS_PROPERTY = "upsert_sink.num_shards"
 READ_VERSION_PROPERTY = "upsert_sink.read_version"  # the table version the batch was tagged against
 COMMIT_KIND_PROPERTY = "upsert_sink.commit"  # append, rewrite or merge
+APP_TRANSACTION_PROPERTY = "upsert_sink.app_transaction"  # "<writer id>:<batch id>", as its txn action
+USER_METADATA = "userMetadata"  # the commit info's field Spark's DESCRIBE HISTORY shows
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,25 @@ def recorded_num_shards(table_uri: str, version: int, writer_id: str, partition_
     return None
 
 
+def commit_record(app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> dict[str, str]:
+    """What a sink's commit records beside its app transaction: the batch's metadata, the
+    commit's kind, the transaction itself (DESCRIBE HISTORY shows no txn action)."""
+    return {**custom_metadata, COMMIT_KIND_PROPERTY: mode, APP_TRANSACTION_PROPERTY: f"{app_id}:{batch_id}"}
+
+
+def _with_user_metadata(info: dict[str, Any]) -> dict[str, Any]:
+    """The commit info, with what a Spark commit of the sink recorded in its `userMetadata`
+    (a JSON object; delta-rs commits carry the same keys in the commit info itself)."""
+    raw = info.get(USER_METADATA)
+    try:
+        recorded = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return info
+    if not isinstance(recorded, dict) or SHARDS_PROPERTY not in recorded:
+        return info
+    return {**info, **recorded}
+
+
 def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSummary:
     apps: dict[str, int] = {}
     touched: set[str] | None = set()
@@ -93,7 +115,7 @@ def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSu
         if "txn" in action:
             apps[action["txn"]["appId"]] = int(action["txn"]["version"])
         elif "commitInfo" in action:
-            info = action["commitInfo"]
+            info = _with_user_metadata(action["commitInfo"])
         elif "metaData" in action and version > 0:
             # New columns or properties leave the rows where they were; other partitioning does not.
             metadata_changed |= action["metaData"].get("partitionColumns") != list(partition_cols)

@@ -364,7 +364,9 @@ def _joined(left: pa.Table, right: pa.Table) -> pa.Table:
 
 
 def _with_partition_values(stored: pa.Table, values: Mapping[str, str | None], schema: pa.Schema) -> pa.Table:
-    """A data file's rows with their partition's values (the file does not hold them)."""
+    """A data file's rows with their partition's values, from the log: delta-rs' files do
+    not hold them, Delta's Spark engine (4.x) writes them into its files too."""
+    stored = stored.drop_columns([c for c in values if c in stored.column_names])
     for c, v in values.items():
         column = pa.repeat(pa.scalar(v, pa.string()), stored.num_rows)  # not a list of n values: 3% of a rewrite
         stored = stored.append_column(c, column.cast(schema.field(c).type))

@@ -22,6 +22,12 @@ def _plain(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def plain_layouts(rows: pa.Table) -> pa.Table:
+    """`rows` with every column in the layout Delta stores (delta-rs' scans give views and
+    dictionaries)."""
+    return rows.cast(pa.schema([f.with_type(_plain(f.type)) for f in rows.schema]))
+
+
 def fits(stream: pa.DataType, table: pa.DataType) -> bool:
     """Whether every value of `stream` type is stored unchanged in a `table` column: the same
     type, or a wider integer or float. (Integers keep their text form when widened, so key
