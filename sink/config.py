@@ -114,8 +114,13 @@ class SinkConfig:
     """Where tagging runs: `"executors"` (Spark tasks next to executor-local replicas), `"driver"`
     (the driver process: no shuffle, replicas on the driver's disk), or `"auto"`: the driver
     under a local master (`local`, `local[N]`), else the executors."""
-    engine: str = "deltalake"
-    """The Delta engine: `"deltalake"` (delta-rs); `"delta-spark"` is not implemented yet."""
+    engine: str = "auto"
+    """The Delta engine: `"deltalake"` (delta-rs alone); `"delta-spark"`: Delta's Spark engine
+    commits where delta-rs cannot write (row tracking, identity columns) and where files must
+    not be rewritten (deletion vectors, change data feed, constraints: its MERGE), delta-rs the
+    rest (needs Delta's extension in the session); `"auto"`: delta-rs, and Delta's Spark engine
+    for the tables delta-rs cannot write when the session has Delta's extension (delta-rs' MERGE
+    is the faster one: docs, Delta's Spark engine)."""
     metrics_port: int = 9466
     """Prometheus endpoint on the driver; 0 = off."""
     ties: str = "incoming"

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from sink.config import SinkConfig
 
 Scope = Literal["partitioned", "global"]
-Engine = Literal["deltalake", "delta-spark"]
+Engine = Literal["auto", "deltalake", "delta-spark"]
 Ties = Literal["incoming", "existing"]
 TagOn = Literal["auto", "executors", "driver"]
 SchemaEvolution = Literal["add_columns", "fail"]
@@ -158,8 +158,6 @@ class CommitSection:
     def of(cls, cfg: SinkConfig) -> CommitSection:
         require_choice("engine", cfg.engine, ENGINES)
         require_choice("commit_mode", cfg.commit_mode, COMMIT_MODES)
-        if cfg.engine == "delta-spark":
-            raise ConfigError("engine = 'delta-spark' is not implemented yet; accepted: 'deltalake'")
         require_int("max_commit_retries", cfg.max_commit_retries, 0, 100)
         if cfg.writer_id is not None:
             require_str("writer_id", cfg.writer_id)

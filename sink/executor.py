@@ -57,7 +57,7 @@ from sink.ordering import helper_columns
 from sink.outcomes import QUARANTINED, record_partitions, summary
 from sink.partial import fold_nulls
 from sink.placement import AMBIGUOUS, place_deletes, unplaced_deletes
-from sink.tagging import DELETE, INSERT, TOMBSTONE, tag, tag_global
+from sink.tagging import DELETE, INSERT, TOMBSTONE, UPDATE, tag, tag_global
 from sink.task_context import TaskContext
 from sink.task_stats import TaskStats
 from sink.writing import HISTORY_EVENT
@@ -88,8 +88,11 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
         out = pa.concat_tables(parts)
         pids = record_partitions(out, list(ctx.table.partition_by), ctx.table.scope)
         stats = dataclasses.replace(stats, **summary(out, pids, ctx.table.scope, list(ctx.table.partition_by)))
-        if ctx.write_files:
+        if ctx.write_files or ctx.merge_source:
             out = _for_writing(ctx, out, pids)
+        if ctx.merge_source:
+            changed = out.filter(pc.fill_null(pc.is_in(out.column(C.WRITE), pa.array([UPDATE, DELETE])), False))
+            stats.changed_pids = pc.unique(keys.partition_ids(changed, list(ctx.table.partition_by))).to_pylist()
         yield from out.to_batches()
     yield _stats_batch(ctx.output_schema, stats)
 

@@ -63,6 +63,7 @@ class UpsertSink:
     def validate(self, df: DataFrame) -> None:
         """Check the stream against the config and, when the table exists, against the
         table's schema; the job calls it before starting the query."""
+        self._target.attach(df.sparkSession)
         self._checks.validate(df)
 
     def close(self) -> None:
@@ -99,6 +100,8 @@ class UpsertSink:
         log.info("batch %s started%s", batch_id, "" if self.reports else
                  " (the first batch of this process: replicas are opened, bootstrapped if new)")
         with state.report.timed("checks"):
+            # The batch's session: Spark gives each query's batches a session of its own.
+            self._target.attach(batch_df.sparkSession)
             pipeline = self._pipeline_for(batch_df)
             self._checks.run(state)
         if state.replayed:

@@ -44,6 +44,9 @@ class TaskContext:
     # The batch's input files, oldest first; None: each task orders its own (sink.arrival).
     file_order: tuple[int, ...] | None = ()
     write_files: bool = False  # Spark tasks write the batch's files: output shaped for them
+    # The writes stay on the executors as the source of Spark's MERGE (delta-spark): output
+    # shaped as for write_files, the partitions holding updates and deletes in the stats.
+    merge_source: bool = False
     # A history table (scd_type 2): in global scope an entry locates a key in every partition
     # its events named (sink.index.history_locations).
     history: bool = False

@@ -58,6 +58,7 @@ class TaskStats:
     hits: int = 0
     misses: int = 0
     pids: list[str] = field(default_factory=list)
+    changed_pids: list[str] = field(default_factory=list)  # partitions of its updates and deletes (merge_source)
     upserts_without_partition: int = 0
     keys_in_several_partitions: int = 0
     several_partitions_example: list | None = None

@@ -1,7 +1,8 @@
 """A history table's stream whose driver process is SIGKILLed inside a batch's commit: after
-its files are written ("written") or once its commit landed ("committed"). The killed run
-is a child process with its own Spark (the tests' session must survive), which runs the
-stream's batches up to CRASH_BATCH and dies there:
+its files are written ("written") or once its commit landed ("committed"); under engine =
+"delta-spark", whose MERGE writes and commits at once, before it runs ("tagged") or once
+it landed. The killed run is a child process with its own Spark (the tests' session must
+survive), which runs the stream's batches up to CRASH_BATCH and dies there:
 
     python -m tests.history_crash --work w --scope global --point written
 """
@@ -16,7 +17,8 @@ from pathlib import Path
 from tests.oracle import Event, random_events, random_global_batches
 
 CRASH_BATCH = 2
-POINTS = ("written", "committed")
+POINTS = ("tagged", "written", "committed")
+ENGINES = ("deltalake", "delta-spark")
 
 
 def stream(scope: str) -> list[list[Event]]:
@@ -27,26 +29,32 @@ def stream(scope: str) -> list[list[Event]]:
                          lambda rng, b: rng.randrange(0, 40) + 10 * b, delete_share=0.15)
 
 
-def config(work: Path, scope: str):
+def config(work: Path, scope: str, engine: str = "deltalake"):
+    """Under delta-spark, the history commits through Spark's MERGE."""
     from sink import SinkConfig
 
+    spark_merge = dict(engine=engine, commit_mode="merge") if engine == "delta-spark" else {}
     return SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                       delete_when="op = 'd'", scope=scope, scd_type=2, writer_id="crash", num_shards=2,
-                      metrics_port=0, index_dir=str(work / "index"))
+                      metrics_port=0, index_dir=str(work / "index"), **spark_merge)
 
 
-def kill_at(point: str) -> None:
+def kill_at(point: str, engine: str) -> None:
     """Make the next history commit SIGKILL this process at `point`."""
-    from sink.lakehouse import rewrite
-
-    commit = rewrite.commit_rewrite
+    if engine == "delta-spark":
+        from sink.lakehouse.delta_spark import DeltaSparkTarget as owner
+        name = "_merge"
+    else:
+        from sink.lakehouse import rewrite as owner
+        name = "commit_rewrite"
+    commit = getattr(owner, name)
 
     def dying(*args, **kwargs):
         if point == "committed":
             commit(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    rewrite.commit_rewrite = dying
+    setattr(owner, name, dying)
 
 
 def main() -> None:
@@ -54,6 +62,7 @@ def main() -> None:
     parser.add_argument("--work", required=True)
     parser.add_argument("--scope", choices=("partitioned", "global"), required=True)
     parser.add_argument("--point", choices=POINTS, required=True)
+    parser.add_argument("--engine", choices=ENGINES, default="deltalake")
     args = parser.parse_args()
 
     from jobs.spark_session import spark_session
@@ -61,12 +70,12 @@ def main() -> None:
     from tests.oracle import SCHEMA
 
     spark = spark_session("sink-history-crash", "local[1]", {
-        "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"})
+        "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}, delta=args.engine == "delta-spark")
     spark.sparkContext.setLogLevel("ERROR")
-    sink = UpsertSink(config(Path(args.work), args.scope))
+    sink = UpsertSink(config(Path(args.work), args.scope, args.engine))
     for b, events in enumerate(stream(args.scope)[: CRASH_BATCH + 1]):
         if b == CRASH_BATCH:
-            kill_at(args.point)
+            kill_at(args.point, args.engine)
         sink(spark.createDataFrame(events, SCHEMA), b)
     raise SystemExit("the crash batch committed without dying")
 

@@ -5,7 +5,9 @@ the change data feed), "global" (scope "global": moves, key-only deletes, re-sen
 (plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
 files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" and
 "global-history" (plain and global into an SCD type 2 table, the seed its first batch),
-"history-crash" (history, killed as crash is).
+"history-crash" (history, killed as crash is), "spark-merge-crash" (plain under
+engine = "delta-spark", its updates MERGEd by Spark from the writes the executors tagged,
+an executor JVM killed inside a tagging task in CRASH_BATCHES).
 
 Where the scheduler sends a shard's task is up to Spark, and a stream can keep every shard on
 one executor. So in OCCUPIED_BATCHES (but in the crash stream) one executor is kept busy by a
@@ -49,18 +51,17 @@ from tests.oracle import (
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
-STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash")
+STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash", "spark-merge-crash")
 CRASH_BATCHES = (2, 5)
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
 OCCUPIED_BATCHES = (2, 4, 6)
 
 
-def write_then_kill(folder: str, ctx, batches):
-    """A writing task (sink.writing.write_batches) that, when the stream armed it, writes its
-    files and then SIGKILLs its executor's JVM before returning them (one task per arming)."""
-    from sink.writing import write_batches
-
-    out = list(write_batches(ctx, batches))
+def run_then_kill(task, folder: str, ctx, batches):
+    """A task (sink.writing.write_batches, sink.executor.tag_batches) that, when the stream
+    armed it, does its work (writes its files, tags its records) and then SIGKILLs its
+    executor's JVM before returning its output (one task per arming)."""
+    out = list(task(ctx, batches))
     try:
         os.rename(f"{folder}/{ARMED}", f"{folder}/fired-{os.getpid()}")  # atomic: one task claims it
     except FileNotFoundError:
@@ -179,13 +180,17 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     """One of STREAMS. The global one moves the seeded keys into other partitions, deletes
     some by key alone and re-sends earlier records."""
     from sink import SinkConfig, UpsertSink
+    from sink.executor import tag_batches
+    from sink.writing import write_batches
 
     scope = "global" if name.startswith("global") else "partitioned"
     history = "history" in name
     crash = name.endswith("crash")
+    spark_merge = dict(engine="delta-spark", commit_mode="merge") if name.startswith("spark-merge") else {}
     cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
-                     num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if history else 1)
+                     num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if history else 1,
+                     **spark_merge)
     seed = seed_events(keys)
     if scope == "global":
         stream = random_global_batches(11, batches - history, per_batch, 2 * keys)  # half the keys new
@@ -199,10 +204,13 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     else:
         seed_table(cfg.table_uri, seed, cdf=name == "cdf")
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
-    if crash:
+    if crash:  # the tasks that run last: tagging ones when the writes stay for Spark's MERGE
         from sink.batch import executor_tagger
 
-        executor_tagger.write_batches = functools.partial(write_then_kill, str(work))
+        if spark_merge:
+            executor_tagger.tag_batches = functools.partial(run_then_kill, tag_batches, str(work))
+        else:
+            executor_tagger.write_batches = functools.partial(run_then_kill, write_batches, str(work))
     out = {"stream": name, "batches": [], "exact": True}
     last_occupied = None
     for b, events in enumerate(stream):
@@ -267,7 +275,9 @@ def main() -> None:
 
     # local-cluster starts executor JVMs from SPARK_HOME: the pip package directory.
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
-    spark = spark_session("sink-scaleout", args.master, {
+    streams = args.streams.split(",")
+    delta = any(name.startswith("spark-merge") for name in streams)
+    spark = spark_session("sink-scaleout", args.master, delta=delta, conf={
         "spark.sql.shuffle.partitions": str(args.shards), "spark.default.parallelism": str(args.shards),
         "spark.ui.enabled": "false", "spark.executor.memory": "1g",
         # A shard's task goes to whichever executor is free, as on a busy cluster: with reduce
@@ -279,7 +289,7 @@ def main() -> None:
     work = Path(args.work)
     results = []
     try:
-        for name in args.streams.split(","):
+        for name in streams:
             if name not in STREAMS:
                 raise SystemExit(f"--streams: {name!r} is not one of {STREAMS}")
             results.append(run_stream(spark, work / name, name, args.keys, args.batches, args.per_batch, args.shards))

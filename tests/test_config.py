@@ -11,7 +11,7 @@ def test_defaults_follow_the_design():
     assert cfg.partition_by == []
     assert cfg.scope == "partitioned"
     assert cfg.tag_on == "auto"
-    assert cfg.engine == "deltalake"
+    assert cfg.engine == "auto"
     assert cfg.bootstrap_days == 7
     assert cfg.partition_ttl_hours == 168
     assert cfg.metrics_port == 9466
@@ -23,7 +23,7 @@ def test_defaults_follow_the_design():
     "override, words",
     [
         (dict(scope="table"), ["scope", "'table'", "partitioned", "global"]),
-        (dict(engine="spark"), ["engine", "deltalake", "delta-spark"]),
+        (dict(engine="spark"), ["engine", "auto", "deltalake", "delta-spark"]),
         (dict(ties="newest"), ["ties", "incoming", "existing"]),
         (dict(tag_on="cluster"), ["tag_on", "auto", "executors", "driver"]),
         (dict(key=[]), ["key", "at least one"]),

@@ -29,14 +29,19 @@ def frame(spark, events):
 
 
 # peek_max_keys: 0 loads every partition a batch names; 16 reads some for their few keys
-# instead (the stream names 150 keys over 4 old partitions), then loads them.
-@pytest.mark.parametrize("seed, shards, tag_on, peek_max_keys", [
-    (1, 2, "executors", 0), (2, 3, "executors", 0), (3, 2, "driver", 0), (4, 3, "executors", 16),
-    (5, 2, "driver", 16)])
-@pytest.mark.connect
+# instead (the stream names 150 keys over 4 old partitions), then loads them. Under
+# delta-spark, updates commit through Spark's MERGE (commit_mode = "merge"): from the
+# driver's records, or from the writes the executors tagged.
+@pytest.mark.parametrize("seed, shards, tag_on, peek_max_keys, engine", [
+    (1, 2, "executors", 0, "deltalake"), (2, 3, "executors", 0, "deltalake"), (3, 2, "driver", 0, "deltalake"),
+    (4, 3, "executors", 16, "deltalake"), (5, 2, "driver", 16, "deltalake"), (6, 2, "driver", 16, "delta-spark"),
+    (7, 3, "executors", 0, "delta-spark")])
+@pytest.mark.connect(engine="deltalake")
 def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed, shards,
-                                                                                     tag_on, peek_max_keys):
-    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, peek_max_keys=peek_max_keys)
+                                                                                     tag_on, peek_max_keys, engine):
+    updates = "merge" if engine == "delta-spark" else "rewrite"
+    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, peek_max_keys=peek_max_keys, engine=engine,
+                 commit_mode="merge" if engine == "delta-spark" else "auto")
     batches = random_batches(seed, batches=7, per_batch=300)
     sink = UpsertSink(cfg)
     for b, events in enumerate(batches):
@@ -46,7 +51,7 @@ def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_repl
             damage.lose(tmp_path / "index")  # the replica is lost: costs time, never correctness
         sink(frame(spark, events), b)
         report = sink.reports[-1]
-        assert report.mode in ("append", "rewrite")
+        assert report.mode in ("append", updates)
         assert report.records_in == len(events)
         assert report.ops["quarantined"] == sum(e.id is None for e in events)
         assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
@@ -59,7 +64,7 @@ def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_repl
             assert DeltaTable(cfg.table_uri).version() == version
             assert table_rows(cfg.table_uri) == expected_rows(batches[: b + 1])
     modes = {r.mode for r in sink.reports}
-    assert "rewrite" in modes
+    assert updates in modes
     assert (sum(r.partition_peeks for r in sink.reports) > 0) == (peek_max_keys > 0)
     sink.close()  # as when the job stops: replicas the driver keeps open are flushed once a minute
     assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0

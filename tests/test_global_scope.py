@@ -31,11 +31,15 @@ def frame(spark, events):
     return spark.createDataFrame(events, SCHEMA)
 
 
-@pytest.mark.parametrize("seed, shards, tag_on", [(11, 2, "executors"), (12, 3, "driver")])
-@pytest.mark.connect
+# Under delta-spark, updates commit through Spark's MERGE, in ON the partitions holding the
+# batch's stored keys.
+@pytest.mark.parametrize("seed, shards, tag_on, engine", [
+    (11, 2, "executors", "deltalake"), (12, 3, "driver", "deltalake"), (13, 2, "executors", "delta-spark")])
+@pytest.mark.connect(engine="deltalake")
 def test_a_global_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed,
-                                                                                        shards, tag_on):
-    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on)
+                                                                                        shards, tag_on, engine):
+    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, engine=engine,
+                 commit_mode="merge" if engine == "delta-spark" else "auto")
     batches = random_global_batches(seed, batches=7, per_batch=250)
     sink = UpsertSink(cfg)
     filtered = missed = 0

@@ -135,6 +135,18 @@ def test_executors_write_the_files_and_a_task_killed_with_its_executor_commits_n
         assert left[: killed[0]] == [0] * killed[0] and left[killed[0]] > 0 and left[-1] > left[killed[0]]
 
 
+def test_delta_sparks_merge_reads_the_writes_on_two_executors_one_killed_inside_a_tagging_task(two_executors):
+    """engine = "delta-spark": the writes stay cached where the executors tagged them and
+    Spark's MERGE reads them there. An executor JVM SIGKILLed inside a tagging task, after it
+    tagged its shard: Spark tags the lost shards again (their staged index entries cleared
+    first), the MERGE reads what it needs again, and the table stays exact."""
+    stream = next(s for s in two_executors if s["stream"] == "spark-merge-crash")
+    assert [b["exact"] for b in stream["batches"]] == [True] * len(stream["batches"])
+    assert [b["batch"] for b in stream["batches"] if b["killed"]] == list(CRASH_BATCHES)
+    assert {b["mode"] for b in stream["batches"]} == {"merge"}
+    assert [b["never_committed"] for b in stream["batches"]] == [0] * len(stream["batches"])
+
+
 @pytest.mark.parametrize("name", ["history", "global-history"])
 def test_two_executors_keep_a_history_table_exact_as_late_events_split_versions(two_executors, name):
     """scd_type = 2 tagged on two executors while shards move, in both scopes: every batch's

@@ -127,11 +127,12 @@ EVENTS = "id STRING, dt STRING, seq LONG, op STRING, name STRING, score INT"
 EVENTS_NO_DT = "id STRING, seq LONG, op STRING, name STRING, score INT"
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_path, seed):
     """Partitioned by dt (a key's history is per partition), some batches after a restart,
-    tagged in the driver or in Spark tasks, nulls filled (ignore_null_updates) in the last two
-    seeds; otherwise the current rows equal what scd_type = 1 gives from the same batches."""
+    tagged in the driver or in Spark tasks, nulls filled (ignore_null_updates) from the third
+    seed; otherwise the current rows equal what scd_type = 1 gives from the same batches. The
+    last two seeds commit the history through delta-spark's MERGE."""
     rnd = random.Random(seed)
     fill = seed >= 2
     nulls = [None] if fill else []
@@ -142,8 +143,9 @@ def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_pat
         e["seq"] = e["seq"] * 100 + events.index(e)
     common = dict(key=["id"], partition_by=["dt"], ordering="seq", delete_when="op = 'd'", except_columns=["op"],
                   writer_id="w", num_shards=2, metrics_port=0)
+    spark_merge = dict(engine="delta-spark", commit_mode="merge") if seed >= 4 else {}
     scd2 = dict(table_uri=str(tmp_path / "t2"), scd_type=2, track_history_columns=["name"],
-                tag_on="executors" if seed % 2 else "driver", ignore_null_updates=fill, **common)
+                tag_on="executors" if seed % 2 else "driver", ignore_null_updates=fill, **spark_merge, **common)
     scd1 = SinkConfig(table_uri=str(tmp_path / "t1"), index_dir=str(tmp_path / "i1"), **common)
     sinks = [UpsertSink(SinkConfig(index_dir=str(tmp_path / "i2"), **scd2)), UpsertSink(scd1)]
     cuts = sorted({*rnd.sample(range(1, 40), 3), 40})
@@ -572,27 +574,31 @@ def test_in_global_scope_a_replica_built_from_the_table_learns_where_another_wro
     assert sinks[1].reports[-1].changelog_applied == 1  # batch 3's entry of k
 
 
-@pytest.mark.parametrize("scope, point", [("partitioned", "written"), ("global", "committed"),
-                                          ("global", "written")])
-def test_a_driver_killed_inside_a_history_commit_resumes_to_the_oracles_history(spark, tmp_path, scope, point):
+@pytest.mark.parametrize("scope, point, engine", [
+    ("partitioned", "written", "deltalake"), ("global", "committed", "deltalake"), ("global", "written", "deltalake"),
+    ("partitioned", "committed", "delta-spark"), ("global", "tagged", "delta-spark")])
+def test_a_driver_killed_inside_a_history_commit_resumes_to_the_oracles_history(spark, tmp_path, scope, point,
+                                                                                 engine):
     """kill -9 of the driver after a history batch's files are written (they are never
-    committed) or once its commit landed (the replay is skipped). The restarted query hands
-    the batch again, on a replica the killed process left dirty (wiped and rebuilt from the
-    table and the tombstones), and the table equals the oracle's history after every batch."""
+    committed), before Spark's MERGE runs, or once its commit landed (the replay is skipped).
+    The restarted query hands the batch again, on a replica the killed process left dirty
+    (wiped and rebuilt from the table and the tombstones), and the table equals the oracle's
+    history after every batch."""
     run = subprocess.run([sys.executable, "-m", "tests.history_crash", "--work", str(tmp_path), "--scope", scope,
-                          "--point", point], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
-                         text=True, timeout=600)
+                          "--point", point, "--engine", engine], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
     batches = history_crash.stream(scope)
-    cfg = history_crash.config(tmp_path, scope)
+    cfg = history_crash.config(tmp_path, scope, engine)
     landed = history_crash.CRASH_BATCH + (point == "committed")
     assert history_rows(cfg.table_uri) == expected_history(batches[:landed], scope=scope)
     orphans = never_committed(cfg.table_uri)
     assert orphans > 0 if point == "written" else orphans == 0
     sink = UpsertSink(cfg)  # the restarted query
+    commits = "merge" if engine == "delta-spark" else "rewrite"
     for b in range(history_crash.CRASH_BATCH, len(batches)):
         sink(spark.createDataFrame(batches[b], EVENT_SCHEMA), b)
-        assert sink.reports[-1].mode == ("skipped" if b < landed else "rewrite"), b
+        assert sink.reports[-1].mode == ("skipped" if b < landed else commits), b
         assert history_rows(cfg.table_uri) == expected_history(batches[: b + 1], scope=scope), f"batch {b}"
     assert never_committed(cfg.table_uri) == orphans  # the killed attempt's files stay uncommitted
     assert sum(r.replicas_rebuilt for r in sink.reports) > 0  # the dirty replicas were wiped

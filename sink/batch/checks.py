@@ -89,8 +89,15 @@ class Checks:
             raise SchemaError(f"except_columns {stored} are columns {cfg.table_uri} stores: the sink never leaves a "
                               "stored column empty; remove them from except_columns, or from the table first")
         # The history columns are the sink's: their type follows the contract, checked apart.
-        stream, table = (pa.schema([f for f in s if f.name not in HISTORY_COLUMNS])
-                         for s in (self.stored_schema(df, table.names), table))
+        # The engine fills the identity columns.
+        filled = self._target.filled_columns()
+        stored_stream = self.stored_schema(df, table.names)
+        carried = [c for c in filled if c in stored_stream.names]
+        if carried:
+            raise SchemaError(f"the stream carries {cfg.table_uri}'s identity column(s) {carried}, whose values Delta "
+                              "generates: drop them from the stream's select")
+        unwritten = {*HISTORY_COLUMNS, *filled}
+        stream, table = (pa.schema([f for f in s if f.name not in unwritten]) for s in (stored_stream, table))
         added = added_columns(stream, table, roles, cfg.schema_evolution, self._target.generated_columns())
         if cfg.scd_type == 2 and added:
             # A new untracked column (any, with ignore_null_updates) joins the run events too:

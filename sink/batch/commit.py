@@ -5,6 +5,8 @@
   only), rewrites the files the index located, or MERGEs (sink.lakehouse.delta_rs);
 - `WrittenCommit`: Spark's writing tasks wrote the batch's files; the driver commits them as
   Add/Remove actions;
+- `SourceCommit`: the writes stayed where the executors tagged them; Spark's MERGE (or append)
+  reads them there (engine = "delta-spark");
 - `HistoryCommit`: a history table (scd_type = 2) rebuilt for the keys the batch names."""
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import functions as F
 
 from sink import columns as C
+from sink import keys
 from sink.batch.retry import CommitRetries
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
@@ -24,6 +28,7 @@ from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, rows_in
 from sink.lakehouse.engine import DeltaEngine
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
+from sink.lakehouse.predicates import quote_ident
 from sink.lakehouse.schema import pending, with_added
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import record_partitions
@@ -82,6 +87,30 @@ class WrittenCommit:
                                                   commit_metadata(state), state.added, written.partitions_changed))
 
 
+class SourceCommit:
+    def __init__(self, config: SinkConfig, target: DeltaEngine, writer_id: str):
+        self._config, self._target, self._writer_id = config, target, writer_id
+
+    def commit(self, state: BatchState) -> None:
+        cfg, report = self._config, state.report
+        if not any(report.ops[o] for o in (INSERT, UPDATE, DELETE)):
+            report.mode = "none"
+            report.table_version = self._target.version()
+            return
+        filled = self._target.filled_columns()
+        columns = C.distinct([c for c in self._target.arrow_schema().names if c not in filled],
+                             [f.name for f in state.added])
+        source = state.merge_source.select(*(F.col(quote_ident(c)) for c in columns),
+                                           F.col(C.WRITE).alias(WRITE_COLUMN),
+                                           *([F.coalesce(F.col(C.PARTIAL), F.lit(False)).alias(PARTIAL_COLUMN)]
+                                             if cfg.ignore_null_updates else []))
+        report.record(self._target.commit_source(
+            source, [keys.partition_values(p) for p in state.tagged.changed_partitions], report.ops[UPDATE],
+            key_cols=cfg.key, ordering=cfg.ordering_columns, partial=cfg.ignore_null_updates,
+            incoming_wins_ties=cfg.incoming_wins_ties, app_id=self._writer_id, batch_id=state.batch_id,
+            custom_metadata=commit_metadata(state), added_columns=state.added))
+
+
 class HistoryCommit:
     """Every valid record is an event of its key's history; keys the index holds are rebuilt
     with what the table keeps of them (a column added since reads as nulls), new keys from
@@ -113,13 +142,16 @@ class CommitPhase:
         self._retag = retag  # (state) -> None: the tag phase, run again
         self._records = RecordsCommit(config, target, writer_id)
         self._written = WrittenCommit(target, writer_id)
+        self._source = SourceCommit(config, target, writer_id)
         self._history = HistoryCommit(target, writer_id, history_batch)
 
     def committer(self, state: BatchState) -> Committer:
-        """The path of this batch: the files its tasks wrote, else its records (a history
-        table's rebuilt from them)."""
+        """The path of this batch: the files its tasks wrote, the writes they left on the
+        executors, else its records (a history table's rebuilt from them)."""
         if state.tagged.written is not None:
             return self._written
+        if state.merge_source is not None:
+            return self._source
         return self._history if self._config.scd_type == 2 else self._records
 
     def run(self, state: BatchState) -> None:

@@ -55,6 +55,9 @@ class DriverTagger:
     def writes_files(self, target) -> bool:
         return False  # the driver holds the records: it commits from them
 
+    def leaves_writes_on_executors(self, target) -> bool:
+        return False
+
     def tag(self, state: BatchState, tombstones_due: bool) -> tuple[pa.Table, bool]:
         """The tagged records and the tasks' stats rows; whether the batch's tombstones were
         written beside the tagging (when no delete needs the index to place it). The replicas

@@ -9,6 +9,7 @@ import logging
 from functools import partial
 
 import pyarrow as pa
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -54,6 +55,7 @@ class ExecutorTagger:
         self.changelog_uri = config.resolved_changelog_uri
         # The replicas of the table the executors keep, released when the stream ends (`close`).
         self._replicas: Replicas | None = None
+        self._cached: DataFrame | None = None  # the last batch's writes left on the executors
 
     def writes_files(self, target: DeltaEngine) -> bool:
         """Executors write the batch's files where the table allows (else the driver commits
@@ -62,12 +64,18 @@ class ExecutorTagger:
         cfg = self._config
         return target.update_mode() == "rewrite" and (cfg.scd_type == 1 or cfg.scope == "partitioned")
 
+    def leaves_writes_on_executors(self, target: DeltaEngine) -> bool:
+        """Where the executors do not write the files, a Spark MERGE reads the writes where
+        they were tagged (a history table's rebuild still runs on the driver)."""
+        return self._config.scd_type == 1 and target.merges_on_executors() and not self.writes_files(target)
+
     def tag(self, state: BatchState, tombstones_due: bool) -> tuple[pa.Table, bool]:
         """The tagging job's output: tagged records and stats rows; with `ctx.write_files`, the
         writing tasks' file rows in place of the writes. The tombstones are left to the side
         tables phase."""
         ctx, prepared = state.ctx, state.prepared
         self._replicas = Replicas.of(ctx)
+        self._uncache()  # an earlier attempt's
         release = None
         try:
             with state.report.timed("tag"):
@@ -76,6 +84,8 @@ class ExecutorTagger:
                 if ctx.write_files:
                     snapshot, release = self._session.share(stored_files(self._target.table, self._config.partition_by))
                     job = self._writing(job, ctx, state, snapshot)
+                if ctx.merge_source:
+                    return self._leave_writes(job, state), False
                 return self._run(job, state), False
         except Exception as e:
             failure = partition_load_failure(e, ctx.batch_id)
@@ -88,12 +98,28 @@ class ExecutorTagger:
             if release is not None:
                 release()
 
+    def _leave_writes(self, job: DataFrame, state: BatchState) -> pa.Table:
+        """Run the tagging job once, its output cached on the executors; the rows without a
+        write come back (stats, quarantined records, delete records for the tombstones), the
+        writes stay, as the MERGE's source (`state.merge_source`)."""
+        self._cached = job.persist(StorageLevel.MEMORY_AND_DISK)
+        output = self._run(self._cached.where(F.col(C.WRITE).isNull()), state)
+        state.merge_source = self._cached.where(F.col(C.WRITE).isNotNull())
+        return output
+
+    def _uncache(self) -> None:
+        if self._cached is not None:
+            self._cached.unpersist()
+            self._cached = None
+
     def after_commit(self, state: BatchState) -> None:
+        self._uncache()
         if state.report.mode in COMMIT_KINDS:
             with state.report.timed("changelog"):
                 self._side_tables.sweep_changelog(self.changelog_uri, state.ctx.table_version)
 
     def close(self) -> None:
+        self._uncache()
         if self._replicas is not None:
             release_executor_replicas(self._session, self._replicas)
             self._replicas = None

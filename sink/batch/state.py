@@ -23,6 +23,8 @@ class TaggedBatch:
     partitions: pa.Array  # the partition ids the batch's records name
     shards: list[int]  # shards with records
     written: Written | None  # what the writing tasks wrote, when they did
+    # With the writes left on the executors: the partitions holding updates and deletes.
+    changed_partitions: list[str]
 
 
 @dataclass
@@ -47,6 +49,8 @@ class BatchState:
     ctx: TaskContext | None = None
     attempt: int = 0
     tagged: TaggedBatch | None = None
+    # The writes, cached where the executors tagged them, when a Spark MERGE reads them there.
+    merge_source: DataFrame | None = None
     tombstoned: bool = False
 
     @property

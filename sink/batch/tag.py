@@ -31,6 +31,10 @@ class Tagger(Protocol):
     def writes_files(self, target: DeltaEngine) -> bool:
         """Whether its tasks write the batch's files (into `target`, as it is now)."""
 
+    def leaves_writes_on_executors(self, target: DeltaEngine) -> bool:
+        """Whether the batch's writes stay where its tasks tagged them, as the source of
+        `target`'s MERGE (`BatchState.merge_source`)."""
+
     def tag(self, state: BatchState, tombstones_due: bool) -> tuple[pa.Table, bool]:
         """The tagging output (records, stats rows, file rows), and whether the batch's
         tombstones were written beside it."""
@@ -71,7 +75,8 @@ class TagPhase:
             driver_local_dir=state.batch_df.sparkSession.conf.get("spark.local.dir", None),
             change_data_feed=has_change_data_feed(target.table), keep_open=self.tagger.on_driver,
             changelog_uri=self.tagger.changelog_uri, file_order=state.files,
-            write_files=self.tagger.writes_files(target), sink_instance=self._instance,
+            write_files=self.tagger.writes_files(target), merge_source=self.tagger.leaves_writes_on_executors(target),
+            sink_instance=self._instance,
         )
 
 
@@ -92,7 +97,8 @@ def read_tags(tagged: pa.Table, report: BatchReport) -> TaggedBatch:
                     *example)
     shards = sorted({int(s) for st in stats_rows for s in st.shard_ids})
     partitions = pa.array(sorted({p for st in stats_rows for p in st.pids}), pa.string())
-    return TaggedBatch(records, partitions, shards, read_written(files) if files else None)
+    changed = sorted({p for st in stats_rows for p in st.changed_pids})
+    return TaggedBatch(records, partitions, shards, read_written(files) if files else None, changed)
 
 
 def _log_keys_in_other_partition(report: BatchReport) -> None:

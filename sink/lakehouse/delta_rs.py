@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, merge, open_tables, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import GENERATION_EXPRESSION, merge_only_reason, unreadable_reason, unwritable_reason
-from sink.lakehouse.log import COMMIT_KIND_PROPERTY, CommitSummary, filesystem, read_commit
+from sink.lakehouse.log import USER_METADATA, CommitSummary, commit_record, filesystem, read_commit
 from sink.lakehouse.predicates import partitions_predicate
 from sink.lakehouse.schema import pending, with_added
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, distinct_partitions
@@ -77,8 +78,18 @@ class DeltaTarget:
         """UnsupportedTableError, naming the feature, for a table delta-rs cannot write."""
         reason = unwritable_reason(self._read())
         if reason is not None:
-            raise UnsupportedTableError(f"{self.uri} uses {reason}: engine = 'deltalake' cannot write it, and "
-                                        "engine = 'delta-spark' is not built yet; nothing was written")
+            raise UnsupportedTableError(f"{self.uri} uses {reason}: delta-rs cannot write it; engine = 'delta-spark', "
+                                        "or 'auto' in a session with Delta's extension, writes it through Spark; "
+                                        "nothing was written")
+
+    def attach(self, spark) -> None:
+        """delta-rs commits without Spark."""
+
+    def filled_columns(self) -> list[str]:
+        return []  # a table with identity columns is refused (check_writable)
+
+    def merges_on_executors(self) -> bool:
+        return False
 
     def exists(self) -> bool:
         return self._dt is not None or DeltaTable.is_deltatable(self.uri)
@@ -234,7 +245,7 @@ class DeltaTarget:
         table has a feature the rewrite cannot honour (logged once per reason)."""
         if self.commit_mode == "merge":
             return "merge"
-        reason = merge_only_reason(self.table)
+        reason = self._merge_only_reason()
         if reason is None:
             return "rewrite"
         if reason != self._merge_reason:
@@ -242,6 +253,9 @@ class DeltaTarget:
                         self.uri, reason)
             self._merge_reason = reason
         return "merge"
+
+    def _merge_only_reason(self) -> str | None:
+        return merge_only_reason(self.table)
 
     def commits_since(self, version: int) -> list[CommitSummary]:
         """The commits after `version` up to the loaded one (a gone log entry reads as a
@@ -259,9 +273,11 @@ class DeltaTarget:
 def _commit_properties(app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> CommitProperties:
     """No retries: the commit lands on the version after the loaded one, the one its tags were
     checked against, or fails (the caller checks what landed and decides). The commit's kind
-    is in its metadata: a rewrite's operation reads WRITE, as an append's."""
+    is in its metadata: a rewrite's operation reads WRITE, as an append's. The metadata is in
+    the commit info and, as Spark commits carry it, as JSON in its userMetadata."""
+    recorded = commit_record(app_id, batch_id, custom_metadata, mode)
     return CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
-                            custom_metadata={**custom_metadata, COMMIT_KIND_PROPERTY: mode}, max_commit_retries=0)
+                            custom_metadata={**recorded, USER_METADATA: json.dumps(recorded)}, max_commit_retries=0)
 
 
 def rows_in(table: DeltaTable, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:

@@ -1,6 +1,7 @@
 """The Delta engine a sink commits through, behind one interface: what the batch's phases ask
-of the target table. `deltalake` (delta-rs: sink.lakehouse.delta_rs.DeltaTarget) is the one
-engine today; `delta-spark` plugs in here as another implementation."""
+of the target table. `deltalake` (delta-rs: sink.lakehouse.delta_rs.DeltaTarget) and
+`delta-spark` (Delta's Spark engine where delta-rs cannot or should not write:
+sink.lakehouse.delta_spark.DeltaSparkTarget)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
 
 from sink.config import SinkConfig
 from sink.lakehouse import rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
+from sink.lakehouse.delta_spark import DeltaSparkTarget
 from sink.lakehouse.log import CommitSummary
 
 
@@ -25,7 +28,15 @@ class DeltaEngine(Protocol):
     def table(self) -> DeltaTable:
         """The table at the version last read, for reads (delta-rs reads what either engine writes)."""
 
+    def attach(self, spark: SparkSession) -> None:
+        """The Spark session of the stream's batches (an engine that commits through Spark
+        checks it can)."""
+
     def exists(self) -> bool: ...
+
+    def filled_columns(self) -> list[str]:
+        """Columns whose values the engine writes itself (identity columns): the stream need
+        not carry them."""
 
     def check_writable(self) -> None:
         """UnsupportedTableError, naming the feature, when this engine cannot write the table."""
@@ -62,6 +73,17 @@ class DeltaEngine(Protocol):
                added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
         """The batch's writes, held by the driver: append, rewrite or MERGE."""
 
+    def merges_on_executors(self) -> bool:
+        """Whether updates this engine MERGEs can be read from where the executors tagged
+        them (`commit_source`), none of their rows coming to the driver."""
+
+    def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
+                      key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
+                      app_id: str, batch_id: int, custom_metadata: Mapping[str, str],
+                      added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
+        """The batch's writes as a Spark DataFrame (when `merges_on_executors()`): appended, or
+        MERGEd pruned to `partitions`, those holding updated or deleted keys."""
+
     def commit_written(self, written: rewrite.Rewrite, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
                        partitions_changed: int = 0) -> CommitOutcome:
@@ -74,5 +96,9 @@ class DeltaEngine(Protocol):
 
 
 def delta_engine(config: SinkConfig) -> DeltaEngine:
-    """The engine `config.engine` names (the config refuses the ones not built yet)."""
-    return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode)
+    """The engine `config.engine` names; "auto" is delta-rs where it can write the table and
+    Spark where it cannot, when the session has Delta's extension."""
+    if config.engine == "deltalake":
+        return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode)
+    return DeltaSparkTarget(config.table_uri, config.partition_by, config.commit_mode,
+                            spark_writes="merges" if config.engine == "delta-spark" else "unwritable")

@@ -4,7 +4,8 @@ and the SQL extension and catalog that package does not set.
 
 `python -m sink.lakehouse.spark_delta` prints the package; `--jar`, where Maven keeps its
 jar; `--fetch-command`, the command that fetches it with its dependencies into ~/.m2, which
-Spark's Ivy reads (`make delta-jars` runs it)."""
+Spark's Ivy reads (`make delta-jars` runs it); `--submit-args`, spark-submit's arguments
+for all of it (`make submit` passes them)."""
 
 from __future__ import annotations
 
@@ -55,12 +56,25 @@ def session_conf() -> dict[str, str]:
             "spark.sql.extensions": EXTENSION, "spark.sql.catalog.spark_catalog": CATALOG}
 
 
+def submit_args() -> list[str]:
+    """`session_conf()` as spark-submit's arguments."""
+    conf = session_conf()
+    args = ["--packages", conf.pop("spark.jars.packages")]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    return args
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--jar", action="store_true", help="print the jar's path in ~/.m2 instead")
     shown.add_argument("--fetch-command", action="store_true", help="print the command that fetches it instead")
+    shown.add_argument("--submit-args", action="store_true", help="print spark-submit's arguments for it instead")
     args = parser.parse_args()
+    if args.submit_args:
+        print(" ".join(submit_args()))
+        return
     print(local_jar() if args.jar else fetch_command() if args.fetch_command else package())
 
 

@@ -24,3 +24,13 @@ def test_a_session_gets_the_package_the_extension_and_the_catalog():
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     }
+
+
+def test_spark_submit_gets_the_same_as_arguments():
+    conf = spark_delta.session_conf()
+    assert spark_delta.submit_args() == [
+        "--packages", conf["spark.jars.packages"],
+        "--conf", f"spark.jars.excludes={conf['spark.jars.excludes']}",
+        "--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
+        "--conf", "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    ]

@@ -7,27 +7,16 @@ from deltalake import DeltaTable
 
 from sink import SinkConfig, UpsertSink
 from sink.errors import SchemaError, UnsupportedTableError
+from tests.lakehouse.spark_sql_tables import COLUMNS, create, spark_rows
 from tests.oracle import SCHEMA, expected_rows, random_batches
 
 pytestmark = pytest.mark.spark
 
-COLUMNS = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
-
-
-def create(spark, uri: str, columns: str = COLUMNS, properties: str = "", constraint: str = "") -> None:
-    spark.sql(f"CREATE TABLE delta.`{uri}` ({columns}) USING delta PARTITIONED BY (dt) {properties}")
-    if constraint:
-        spark.sql(f"ALTER TABLE delta.`{uri}` ADD CONSTRAINT {constraint}")
-
 
 def config(tmp_path, uri: str) -> SinkConfig:
     return SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
-                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, tag_on="driver")
-
-
-def spark_rows(spark, uri):
-    rows = [r.asDict() for r in spark.read.format("delta").load(uri).select("id", "dt", "ts", "op", "v").collect()]
-    return sorted(rows, key=lambda r: (r["dt"], r["id"]))
+                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, tag_on="driver",
+                      engine="deltalake")
 
 
 @pytest.mark.parametrize("properties, constraint", [
@@ -75,7 +64,8 @@ def test_a_table_spark_created_with_a_feature_delta_rs_cannot_write_is_refused_b
     version = DeltaTable(uri).version()
     sink = UpsertSink(config(tmp_path, uri))
     df = spark.createDataFrame(random_batches(42, batches=1, per_batch=50, bad_share=0)[0], SCHEMA)
-    message = rf"uses {named} \(.*\): engine = 'deltalake' cannot write it, .*nothing was written"
+    message = rf"uses {named} \(.*\): delta-rs cannot write it; engine = 'delta-spark', or 'auto' in a session with " \
+              r"Delta's extension, writes it through Spark; nothing was written"
     with pytest.raises(UnsupportedTableError, match=message):
         sink.validate(df)  # the job's check before its query starts
     with pytest.raises(UnsupportedTableError, match=message):

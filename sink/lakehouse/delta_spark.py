@@ -1,0 +1,270 @@
+"""The `delta-spark` engine: Delta's own Spark engine commits what delta-rs cannot write or
+should not rewrite; delta-rs reads the table (through deletion vectors and column mapping)
+and commits the rest.
+
+Paths, per batch, by what the table allows (`update_mode`):
+- a table the copy-on-write rewrite may commit (no feature below): delta-rs, as under
+  `engine = "deltalake"` (measured faster: sink.lakehouse.delta_rs);
+- updates on a table with deletion vectors, a change data feed, column mapping, CHECK
+  constraints, generated columns, or under `commit_mode = "merge"`: Spark's `MERGE INTO`,
+  pruned by the partitions the index located as literals in `ON`;
+- any write to a table delta-rs cannot write at all (row tracking, identity columns,
+  domain metadata): Spark's append or MERGE.
+
+Spark's commits carry the app transaction through the session confs
+`spark.databricks.delta.write.txnAppId`/`txnVersion` (Delta reads no writer option for
+MERGE), set and unset around each write since they are session-wide; the sink's commit
+metadata goes into the commit's `userMetadata` (sink.lakehouse.log reads it back)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.exceptions import CommitFailedError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_type
+
+from sink.errors import ConfigError, UnsupportedTableError
+from sink.lakehouse import versions
+from sink.lakehouse.contract import Contract
+from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
+from sink.lakehouse.features import identity_columns, merge_only_reason, unreadable_reason, unwritable_reason
+from sink.lakehouse.log import commit_record
+from sink.lakehouse.merge_clauses import (
+    MergeClauses,
+    UpsertSpec,
+    history_clauses,
+    updates_in,
+    upsert_clauses,
+    upsert_source,
+)
+from sink.lakehouse.predicates import quote_ident
+from sink.lakehouse.rewrite import stored_files
+from sink.lakehouse.schema import pending, with_added
+from sink.lakehouse.writes import WRITE_COLUMN, Writes, changing, distinct_partitions
+from sink.ordering import columns_of
+from sink.prepare import sql_string
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+# What Spark commits: "merges", updates of tables the rewrite cannot honour and every write
+# delta-rs cannot make (engine = "delta-spark"); "unwritable", only the latter, and only in a
+# session with Delta's extension (engine = "auto": delta-rs' MERGE is the faster one).
+SparkWrites = Literal["merges", "unwritable"]
+
+
+class DeltaSparkTarget(DeltaTarget):
+    """The target table under `engine = "delta-spark"` or `"auto"`: writes through the stream's
+    Spark session (`attach`) where delta-rs cannot, or (`spark_writes = "merges"`) should not."""
+
+    def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
+                 spark_writes: SparkWrites = "merges"):
+        super().__init__(uri, partition_by, commit_mode)
+        self._spark_writes = spark_writes
+        self._spark: SparkSession | None = None  # None: delta-rs writes all (auto, no Delta in the session)
+
+    def attach(self, spark: SparkSession) -> None:
+        """The session of the stream's batches, which Spark's commits run in. Without Delta's
+        SQL extension: a ConfigError naming it under engine = "delta-spark"; delta-rs alone
+        under "auto"."""
+        # Imported here: `python -m sink.lakehouse.spark_delta` (make's) runs it as a script.
+        from sink.lakehouse.spark_delta import EXTENSION
+
+        extensions = spark.conf.get("spark.sql.extensions", None) or ""
+        if EXTENSION in extensions.split(","):
+            self._spark = spark
+        elif self._spark_writes == "merges":
+            raise ConfigError(f"engine = 'delta-spark' needs Delta's extension in the Spark session: set "
+                              f"spark.sql.extensions = {EXTENSION} and spark.sql.catalog.spark_catalog (the job's "
+                              "[job] table does it; `python -m sink.lakehouse.spark_delta` names the package), or "
+                              "set engine = 'deltalake'")
+        else:
+            self._spark = None
+
+    def check_writable(self) -> None:
+        """Delta's Spark engine writes every feature the sink knows of."""
+        if self._spark is None:
+            super().check_writable()
+
+    def filled_columns(self) -> list[str]:
+        return identity_columns(self._read()) if self._spark is not None else []
+
+    def _spark_writes_all(self) -> bool:
+        """Spark makes every commit of this table: delta-rs cannot write it."""
+        return self._spark is not None and unwritable_reason(self.table) is not None
+
+    def _spark_merges(self) -> bool:
+        """This table's updates commit through Spark's MERGE."""
+        return self._spark_writes_all() or (self._spark_writes == "merges" and self.update_mode() == "merge")
+
+    def record_contract(self, contract: Contract) -> None:
+        if unwritable_reason(self.table) is None:
+            super().record_contract(contract)
+            return
+        properties = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in contract.properties().items())
+        self._session().sql(f"ALTER TABLE delta.{quote_ident(self.uri)} SET TBLPROPERTIES ({properties})")
+        self.refresh()
+
+    def _merge_only_reason(self) -> str | None:
+        return (self._spark is not None and unwritable_reason(self.table)) or merge_only_reason(self.table)
+
+    def merges_on_executors(self) -> bool:
+        return self._spark_merges()
+
+    def commit(self, rows: pa.Table, key_cols: Sequence[str], ordering: str | Sequence[str], app_id: str,
+               batch_id: int, custom_metadata: Mapping[str, str], incoming_wins_ties: bool,
+               added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
+        rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
+        updating = changing(rows)
+        updates = pc.any(updating).as_py()
+        if not (self._spark_writes_all() or (updates and self._spark_merges())):
+            return super().commit(rows, key_cols, ordering, app_id, batch_id, custom_metadata, incoming_wins_ties,
+                                  added_columns)
+        present = self.arrow_schema()
+        added = pending(added_columns, present)
+        writes = Writes(rows, with_added(present, added), list(key_cols), columns_of(ordering), self.partition_by,
+                        incoming_wins_ties, None)
+        partitions = distinct_partitions(rows.filter(updating), self.partition_by) if updates else []
+        source = self._spark_frame(upsert_source(writes) if updates else writes.table_rows())
+        spec = UpsertSpec.of(writes, self._written_columns(writes.schema))
+        return self._commit_frame(source, partitions, updates_in(rows), spec, added, app_id, batch_id,
+                                  custom_metadata)
+
+    def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
+                      key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
+                      app_id: str, batch_id: int, custom_metadata: Mapping[str, str],
+                      added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
+        """The batch's writes as the executors hold them: `source` has the table's columns
+        (all but identity columns), WRITE_COLUMN and, when `partial`, PARTIAL_COLUMN;
+        `partitions`: those holding updated or deleted keys (none: an append); `updates`: how
+        many updates it has. No row of it comes to this process."""
+        present = self.arrow_schema()
+        added = pending(added_columns, present)
+        schema = with_added(present, added)
+        spec = UpsertSpec(schema, self._written_columns(schema), key_cols, ordering, self.partition_by,
+                          incoming_wins_ties, partial)
+        return self._commit_frame(source, partitions, updates, spec, added, app_id, batch_id, custom_metadata)
+
+    def _commit_frame(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int,
+                      spec: UpsertSpec, added: Sequence[pa.Field], app_id: str, batch_id: int,
+                      custom_metadata: Mapping[str, str]) -> CommitOutcome:
+        """Spark's append of `source` (no partition holds an updated or deleted key), else its
+        MERGE, in one commit carrying (app_id, batch_id)."""
+        before = self._check_latest()
+        self._add_columns(added, before)
+        mode = "merge" if partitions else "append"
+        with self._transaction(app_id, batch_id, custom_metadata, mode):
+            if mode == "append":
+                source.select(*map(quote_ident, spec.columns)).write.format("delta").mode("append").save(self.uri)
+                unchanged = 0
+            else:
+                unchanged = max(0, updates - self._merge(source, upsert_clauses(spec, partitions)))
+        self.refresh()
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions), unchanged)
+
+    def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
+                       custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
+                       ) -> tuple[CommitOutcome, versions.HistoryRewrite | versions.HistoryMerge]:
+        if not self._spark_merges():
+            return super().commit_history(writes, app_id, batch_id, custom_metadata, added_columns)
+        unreadable = unreadable_reason(self.table)
+        if unreadable is not None:
+            raise UnsupportedTableError(f"{self.uri} uses {unreadable}: a history table (scd_type = 2) reads the "
+                                        "versions it rebuilds from the table's files; nothing was written")
+        before = self._check_latest()
+        merged = versions.merge_rows(self.uri, stored_files(self.table, self.partition_by), writes)
+        self._add_columns(added_columns, before)
+        with self._transaction(app_id, batch_id, custom_metadata, "merge"):
+            if merged.source.num_rows:
+                columns = self._written_columns(writes.schema)
+                self._merge(self._spark_frame(merged.source),
+                            history_clauses(merged, writes.key_cols, self.partition_by, writes.schema, columns))
+            else:
+                self._append_nothing(writes.schema)
+        self.refresh()
+        return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(merged.partitions)), merged
+
+    def _written_columns(self, schema: pa.Schema) -> list[str]:
+        """The columns the sink writes: all but the identity columns, whose values are Spark's."""
+        filled = set(self.filled_columns())
+        return [f.name for f in schema if f.name not in filled]
+
+    def _check_latest(self) -> int:
+        """The loaded version, which must still be the table's latest: Spark's commit lands on
+        the version it reads itself, so a commit of another writer since the batch was tagged
+        fails it here (CommitFailedError: the retry policy decides), as delta-rs' would."""
+        before = self.version()
+        self.refresh()
+        if self.version() != before:
+            raise CommitFailedError(f"{self.uri}: version {self.version()} was committed after version {before}, "
+                                    "which the batch was tagged against")
+        return before
+
+    def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
+        if not added_columns:
+            return
+        if unwritable_reason(self.table) is None:
+            super()._add_columns(added_columns, before)
+            return
+        columns = ", ".join(f"{quote_ident(f.name)} {from_arrow_type(f.type).simpleString()}" for f in added_columns)
+        self._session().sql(f"ALTER TABLE delta.{quote_ident(self.uri)} ADD COLUMNS ({columns})")
+        self.table.load_as_version(before + 1)
+
+    def _append_nothing(self, schema: pa.Schema) -> None:
+        """An empty append: the commit records the transaction set around it."""
+        self._spark_frame(schema.empty_table()).select(*map(quote_ident, self._written_columns(schema))) \
+            .write.format("delta").mode("append").save(self.uri)
+
+    def _merge(self, source: DataFrame, clauses: MergeClauses) -> int:
+        """Run the MERGE from `source`; how many rows it updated."""
+        view = f"upsert_sink_source_{uuid.uuid4().hex}"
+        source.createOrReplaceTempView(view)
+        try:
+            result = self._session().sql(clauses.sql(f"delta.{quote_ident(self.uri)}", view)).collect()
+        finally:
+            self._session().catalog.dropTempView(view)
+        return int(result[0]["num_updated_rows"]) if result else 0
+
+    def _spark_frame(self, rows: pa.Table) -> DataFrame:
+        # Without its empty chunks: pyspark 4.2's createDataFrame drops every row after an
+        # empty chunk (checked: chunks of 2, 0 and 3 rows gave a DataFrame of 2).
+        return self._session().createDataFrame(
+            pa.Table.from_batches([b for b in rows.to_batches() if b.num_rows], rows.schema))
+
+    @contextmanager
+    def _transaction(self, app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> Iterator[None]:
+        """The session confs that make Spark's next commit carry (app_id, batch_id) and the
+        sink's metadata, unset after it (a commit failing on a concurrent one is CommitFailedError)."""
+        spark = self._session()
+        confs = {TXN_APP_ID: app_id, TXN_VERSION: str(batch_id),
+                 USER_METADATA: json.dumps(commit_record(app_id, batch_id, custom_metadata, mode))}
+        for key, value in confs.items():
+            spark.conf.set(key, value)
+        try:
+            yield
+        except Exception as e:
+            if _concurrent_commit(e):
+                raise CommitFailedError(f"{self.uri}: {e}") from e
+            raise
+        finally:
+            for key in confs:
+                spark.conf.unset(key)
+
+    def _session(self) -> SparkSession:
+        if self._spark is None:
+            raise RuntimeError("attach(spark) first")
+        return self._spark
+
+
+def _concurrent_commit(error: Exception) -> bool:
+    """Delta's conflict exceptions (ConcurrentAppendException and its kin), as Spark raises them."""
+    return "Concurrent" in type(error).__name__ or "io.delta.exceptions.Concurrent" in str(error)

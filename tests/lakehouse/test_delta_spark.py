@@ -1,0 +1,211 @@
+"""engine = "delta-spark": tables created by Spark SQL with the features Spark users turn on,
+written exactly (read back through Spark against the oracle); Spark's commits carrying the app
+transaction; a table switching engine between runs."""
+
+import json
+
+import pytest
+from deltalake import DeltaTable
+
+from sink import SinkConfig, UpsertSink
+from sink.errors import ConfigError, SchemaError, UnsupportedTableError
+from sink.lakehouse.delta_spark import DeltaSparkTarget
+from tests import damage
+from tests.conf_session import ConfSession
+from tests.lakehouse.spark_sql_tables import COLUMNS, create, spark_rows
+from tests.oracle import SCHEMA, expected_rows, random_batches, verify_replicas
+
+pytestmark = pytest.mark.spark
+
+def config(tmp_path, uri: str, **extra) -> SinkConfig:
+    settings = dict(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
+                    writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, tag_on="driver",
+                    engine="delta-spark")
+    return SinkConfig(**{**settings, **extra})
+
+
+def log_actions(uri: str, version: int) -> list[dict]:
+    with open(f"{uri}/_delta_log/{version:020d}.json") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def deletion_vectors(uri: str) -> int:
+    """Files of the table's log given a deletion vector, over all its commits."""
+    return sum(1 for v in range(DeltaTable(uri).version() + 1) for a in log_actions(uri, v)
+               if a.get("add", {}).get("deletionVector"))
+
+
+DV = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+IDENTITY = COLUMNS + ", n BIGINT GENERATED ALWAYS AS IDENTITY"
+
+
+@pytest.mark.parametrize("columns, properties, constraint, stream_adds", [
+    (COLUMNS, DV, "", ""),
+    (COLUMNS, "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", "", ""),
+    (COLUMNS, "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "", ""),
+    (COLUMNS, "", "ts_not_negative CHECK (ts >= 0)", ""),
+    (COLUMNS + ", g STRING GENERATED ALWAYS AS (upper(v))", "", "", "upper(v) AS g"),
+    (IDENTITY, "", "", ""),
+    (COLUMNS, "TBLPROPERTIES ('delta.enableRowTracking' = 'true')", "", ""),
+], ids=["deletion vectors", "change data feed", "column mapping", "CHECK constraint", "generated column",
+        "identity column", "row tracking"])
+def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(spark, tmp_path, columns, properties,
+                                                                                constraint, stream_adds):
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=columns, properties=properties, constraint=constraint)
+    batches = random_batches(51, batches=4, per_batch=150, bad_share=0)
+    cfg = config(tmp_path, uri)
+    sink = UpsertSink(cfg)
+    for b, events in enumerate(batches):
+        if b == 3:  # a new replica, bootstrapped from the table as Spark's MERGEs left it
+            sink = UpsertSink(cfg)
+            damage.lose(tmp_path / "index")
+        df = spark.createDataFrame(events, SCHEMA)
+        sink(df.selectExpr("*", stream_adds) if stream_adds else df, b)
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+        assert DeltaTable(uri).transaction_version("w") == b
+    assert [r.mode for r in sink.reports] == ["merge"]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'MERGE'").count()
+    assert history == 3  # Spark's MERGE, not delta-rs' (which never writes deletion vectors)
+    sink.close()
+    assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
+    if properties == DV:
+        assert deletion_vectors(uri) > 0
+    if stream_adds:
+        assert spark.read.format("delta").load(uri).where("g IS DISTINCT FROM upper(v)").count() == 0
+    if columns == IDENTITY:
+        counts = spark.sql(f"SELECT count(*) AS rows, count(DISTINCT n) AS ids, count(n) AS set FROM delta.`{uri}`")
+        assert counts.first().asDict() == {"rows": len(expected_rows(batches)), "ids": len(expected_rows(batches)),
+                                           "set": len(expected_rows(batches))}
+
+
+def test_spark_shows_the_sinks_commits_with_their_operation_metrics_and_app_transaction(spark, tmp_path):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV)
+    batches = random_batches(52, batches=2, per_batch=100, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri))
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    history = {r["version"]: r for r in spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").collect()}
+    appended, merged = history[2], history[3]  # after the table's creation and the sink's contract
+    assert (appended["operation"], merged["operation"]) == ("WRITE", "MERGE")
+    assert int(appended["operationMetrics"]["num_added_rows"]) == len(expected_rows(batches[:1]))  # delta-rs
+    assert int(merged["operationMetrics"]["numTargetDeletionVectorsAdded"]) > 0
+    recorded = [json.loads(h["userMetadata"]) for h in (appended, merged)]
+    assert [(r["upsert_sink.app_transaction"], r["upsert_sink.commit"]) for r in recorded] == [
+        ("w:0", "append"), ("w:1", "merge")]
+    assert [(a["txn"]["appId"], a["txn"]["version"]) for a in log_actions(uri, 3) if "txn" in a] == [("w", 1)]
+
+
+@pytest.mark.parametrize("properties", ["", "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')"],
+                         ids=["plain", "change data feed"])
+def test_a_table_switches_engine_between_runs_without_replaying_or_skipping_a_batch(spark, tmp_path, properties):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=properties)
+    batches = random_batches(53, batches=6, per_batch=150, bad_share=0)
+    done = []
+    for engine, run in [("deltalake", [0, 1]), ("delta-spark", [1, 2, 3]), ("deltalake", [3, 4, 5])]:
+        sink = UpsertSink(config(tmp_path, uri, engine=engine))  # a restart under the other engine
+        for b in run:  # each run starts by replaying the batch the last one committed
+            sink(spark.createDataFrame(batches[b], SCHEMA), b)
+            assert (sink.reports[-1].mode == "skipped") == (b in done)
+            done.append(b)
+            assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"{engine}, batch {b}"
+            assert DeltaTable(uri).transaction_version("w") == b
+        sink.close()
+    ops = [r["operation"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").orderBy("version").collect()]
+    assert ops.count("MERGE") == (5 if properties else 0)  # the change data feed keeps updates on MERGE
+
+
+def test_the_stream_must_not_carry_an_identity_column(spark, tmp_path):
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=IDENTITY)
+    df = spark.createDataFrame(random_batches(54, batches=1, per_batch=20, bad_share=0)[0], SCHEMA)
+    with pytest.raises(SchemaError, match=r"identity column\(s\) \['n'\], whose values Delta generates"):
+        UpsertSink(config(tmp_path, uri)).validate(df.selectExpr("*", "1L AS n"))
+
+
+def test_delta_spark_needs_deltas_extension_in_the_session():
+    target = DeltaSparkTarget("/nowhere", ["dt"])
+    with pytest.raises(ConfigError, match=r"engine = 'delta-spark' needs Delta's extension .* "
+                                          r"spark.sql.extensions = io.delta.sql.DeltaSparkSessionExtension"):
+        target.attach(ConfSession())
+    target.attach(ConfSession(**{"spark.sql.extensions": "a.Other,io.delta.sql.DeltaSparkSessionExtension"}))
+
+
+def test_an_added_column_joins_a_table_only_spark_can_write(spark, tmp_path):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties="TBLPROPERTIES ('delta.enableRowTracking' = 'true')")
+    batches = random_batches(55, batches=2, per_batch=60, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri))
+    sink(spark.createDataFrame(batches[0], SCHEMA), 0)
+    sink(spark.createDataFrame(batches[1], SCHEMA).selectExpr("*", "length(v) AS size"), 1)
+    table = spark.read.format("delta").load(uri)
+    assert table.schema["size"].dataType.simpleString() == "int"
+    assert spark_rows(spark, uri) == expected_rows(batches)
+    assert table.where("size IS NOT NULL").count() > 0
+    assert table.where("size IS NOT NULL AND size <> length(v)").count() == 0
+
+
+def test_executor_tagging_merges_the_writes_where_they_were_tagged(spark, tmp_path, monkeypatch):
+    """The writes stay on the executors, cached, and Spark's MERGE reads them there: the
+    driver-held path is never taken; replays and a lost replica leave the table exact."""
+    def driver_held(*args, **kwargs):
+        raise AssertionError("the batch's writes came to the driver")
+
+    monkeypatch.setattr(DeltaSparkTarget, "commit", driver_held)
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV)
+    batches = random_batches(56, batches=5, per_batch=200)
+    cfg = config(tmp_path, uri, tag_on="executors", num_shards=3)
+    sink = UpsertSink(cfg)
+    for b, events in enumerate(batches):
+        if b == 3:
+            damage.lose(tmp_path / "index")
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+        assert sink.reports[-1].ops["quarantined"] == sum(e.id is None for e in events)
+        if b == 2:
+            version = DeltaTable(uri).version()
+            sink(spark.createDataFrame(events, SCHEMA), b)  # a replay
+            assert sink.reports[-1].mode == "skipped" and DeltaTable(uri).version() == version
+    assert [r.mode for r in sink.reports if r.mode != "skipped"] == ["append", "merge", "merge", "merge", "merge"]
+    assert deletion_vectors(uri) > 0
+    cached = [str(rdd.name()) for rdd in spark.sparkContext._jsc.getPersistentRDDs().values()]
+    assert [name for name in cached if not name.startswith("Delta Table State")] == []  # the writes were let go
+    sink.close()
+    assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
+
+
+def engines_of_updates(spark, uri: str) -> list[str]:
+    """Who committed each update of the table: "spark" or "delta-rs", in version order."""
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation IN ('MERGE', 'WRITE')").orderBy("version")
+    return ["delta-rs" if r["engineInfo"].startswith("delta-rs") else "spark" for r in history.collect()]
+
+
+@pytest.mark.parametrize("properties, engines", [
+    ("TBLPROPERTIES ('delta.enableRowTracking' = 'true')", ["spark"] * 3),
+    ("TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", ["delta-rs"] * 3),
+], ids=["row tracking: Spark", "change data feed: delta-rs' MERGE"])
+def test_engine_auto_takes_spark_only_where_delta_rs_cannot_write(spark, tmp_path, properties, engines):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=properties)
+    batches = random_batches(57, batches=3, per_batch=150, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, engine="auto"))
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+    assert [r.mode for r in sink.reports] == ["append", "merge", "merge"]
+    assert engines_of_updates(spark, uri) == engines
+
+
+def test_engine_auto_without_deltas_extension_is_delta_rs_and_refuses_what_it_cannot_write(spark, tmp_path):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties="TBLPROPERTIES ('delta.enableRowTracking' = 'true')")
+    target = DeltaSparkTarget(uri, ["dt"], spark_writes="unwritable")
+    target.attach(ConfSession())  # no error: delta-rs alone
+    with pytest.raises(UnsupportedTableError, match=r"uses row tracking .*: delta-rs cannot write it; "
+                                                    r"engine = 'delta-spark', or 'auto' in a session with Delta's"):
+        target.check_writable()
+    target.attach(spark)
+    target.check_writable()
