@@ -61,10 +61,12 @@ delta-jars: $(STAMP)
 
 # The ready job under the venv's spark-submit (the pip pyspark needs SPARK_HOME, and the
 # driver must run the venv's Python), on conf/sink.toml: what is in the landing dir, then stop.
-submit: $(STAMP)
+# Under Delta's Spark engine: its package, extension and catalog passed as a cluster takes them.
+submit: $(STAMP) delta-jars
 	SPARK_HOME="$$($(PY) -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" \
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		$(VENV)/bin/spark-submit --master "local[2]" jobs/upsert_stream.py --config conf/sink.toml --once
+		$(VENV)/bin/spark-submit --master "local[2]" $$($(PY) -m sink.lakehouse.spark_delta --submit-args) \
+		jobs/upsert_stream.py --config conf/sink.toml --once --engine delta-spark
 
 # Benchmarks (not tests): results in bench/results/<name>-<date>.json and .png.
 bench: $(STAMP) delta-jars

@@ -22,6 +22,7 @@ from jobs.envelopes import debezium_select  # noqa: E402
 from jobs.job_config import JobConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import UpsertSink  # noqa: E402
+from sink.config_sections import ENGINES  # noqa: E402
 from sink.errors import ConfigError  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402
 from sink.prepare import PARSED_FORMATS  # noqa: E402
@@ -82,17 +83,23 @@ def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_se
 
 
 def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None,
-        metrics_port: int | None = None, stop: bool = False, *, remote: str | None = None) -> list[UpsertSink]:
+        metrics_port: int | None = None, stop: bool = False, *, remote: str | None = None,
+        engine: str | None = None) -> list[UpsertSink]:
     """Every `[[sink]]` table's query on one Spark session, until they end (`once`: each
     processes what is there) or one fails (the others are stopped, the error raised).
     `metrics_port`: instead of the config's; `stop`: stop Spark once the sinks have released
     their replicas (left to the process's exit, the executors were killed: hundreds of lines
     of executor loss on a standalone cluster, and their replicas left dirty). `remote`: run
     through Spark Connect (instead of job.remote); the sinks returned are then the client's
-    copies, which see no batch: the server's Python worker runs them."""
+    copies, which see no batch: the server's Python worker runs them. `engine`: every table's,
+    instead of the config's; with "delta-spark" the session gets Delta's package, extension
+    and catalog (where this process starts Spark: spark-submit's `--packages` and `--conf`
+    otherwise)."""
     cfg = load_job_config(config_path)
     if metrics_port is not None:
         cfg.sinks = [dataclasses.replace(s, metrics_port=metrics_port) for s in cfg.sinks]
+    if engine is not None:
+        cfg.sinks = [dataclasses.replace(s, engine=engine) for s in cfg.sinks]
     unset = [s.table_uri for s in cfg.sinks if not s.checkpoint_dir]
     if unset:
         raise SystemExit(f"set checkpoint_dir for {unset} in the config: each table's query needs a checkpoint "
@@ -108,7 +115,8 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         log.info("starting Spark (%s); a local session takes 10-30 s", master or cfg.job.master or
                  "spark-submit's master")
     started = time.monotonic()
-    spark = spark_session(cfg.job.app_name, master or cfg.job.master, remote=remote)
+    delta = any(s.engine == "delta-spark" for s in cfg.sinks)
+    spark = spark_session(cfg.job.app_name, master or cfg.job.master, remote=remote, delta=delta)
     session_kind(spark).set_log_level(cfg.job.spark_log_level)
     log.info("Spark ready in %.0f s", time.monotonic() - started)
     if "://" not in cfg.source.path:
@@ -145,12 +153,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--master", help="Spark master (default: spark-submit's, or job.master)")
     parser.add_argument("--remote", help="run through Spark Connect: sc://host:port, or local[N] for a server this "
                         "process starts (default: job.remote)")
+    parser.add_argument("--engine", choices=ENGINES, help="every table's Delta engine (default: each table's engine)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     if args.master and args.remote:
         parser.error("--master and --remote exclude each other: under Spark Connect the server's master runs the job")
-    run(args.config, args.once, args.trigger_seconds, args.master, stop=True, remote=args.remote)
+    run(args.config, args.once, args.trigger_seconds, args.master, stop=True, remote=args.remote, engine=args.engine)
 
 
 if __name__ == "__main__":
