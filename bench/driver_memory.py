@@ -3,7 +3,9 @@ the driver's Python process rises above its peak before the batch. A table holds
 key; a batch of N records of ~220 bytes, half updates of stored keys, half new keys. The table
 and the batch's file are written by a child process, so that writing them does not set the
 driver's peak; one batch size per process. `--commit-mode merge` measures the MERGE fallback,
-which collects the tagged batch into the driver; `--scd-type 2` a history table (every stored
+which under `--engine deltalake` collects the tagged batch into the driver (delta-rs' MERGE
+runs there) and under `--engine delta-spark` leaves it on the executors, where Spark's MERGE
+reads it; `--scd-type 2` a history table (every stored
 key one version, which the batch's updates close). The table after the batch is checked
 against its expected contents (a history table's current versions, and one closed version
 per update).
@@ -81,6 +83,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, required=True)
     parser.add_argument("--commit-mode", choices=["auto", "merge"], default="auto")
     parser.add_argument("--scd-type", type=int, choices=[1, 2], default=1)
+    parser.add_argument("--engine", choices=["deltalake", "delta-spark"], default="deltalake")
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", nargs=3, metavar=("URI", "LANDING", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -99,7 +102,7 @@ def main() -> None:
         "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.ui.enabled": "false",
         "spark.executor.memory": "2g",
         # The MERGE fallback collects the batch: at 1M records the driver JVM's default 1g runs out.
-        "spark.driver.memory": "4g"})
+        "spark.driver.memory": "4g"}, delta=args.engine == "delta-spark")
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="sink-driver-memory-"))
     n = args.records
@@ -111,7 +114,7 @@ def main() -> None:
         sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="seq",
                                      tag_on="executors", num_shards=2, bootstrap_days=0, metrics_port=0,
                                      commit_mode=args.commit_mode, writer_id="driver-memory",
-                                     scd_type=args.scd_type))
+                                     scd_type=args.scd_type, engine=args.engine))
         batch = spark.read.parquet(landing)
         sink(batch.limit(0), 0)  # the sink's modules and the replicas' first open, before measuring
         before = peak_mb()
@@ -132,11 +135,11 @@ def main() -> None:
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    case = {"records": n, "commit_mode": args.commit_mode, "scd_type": args.scd_type,
+    case = {"records": n, "commit_mode": args.commit_mode, "scd_type": args.scd_type, "engine": args.engine,
             "driver_peak_before_mb": round(before, 1),
             "driver_peak_rise_mb": round(rise, 1), "batch_seconds": round(seconds, 2), "mode": report.mode,
             "inserted": report.ops["insert"], "updated": report.ops["update"], "table_exact": exact}
-    print(f"{n:>9,} records, commit_mode={args.commit_mode}, scd_type={args.scd_type}: driver peak "
+    print(f"{n:>9,} records, {args.engine}, commit_mode={args.commit_mode}, scd_type={args.scd_type}: driver peak "
           f"+{rise:,.0f} MB, {seconds:.1f} s, mode={report.mode}, exact={exact}", flush=True)
     Path(args.out).write_text(json.dumps({"master": MASTER, **case}, indent=1))
 

@@ -27,8 +27,13 @@ CONTENDERS = ("sink", "sink-executors", "sink-merge", "baseline", "spark-merge",
 BASELINES = {"baseline": HandWrittenMerge, "spark-merge": partial(SparkMerge, careful=False),
              "spark-merge-careful": partial(SparkMerge, careful=True),
              "spark-merge-careful-dv": partial(SparkMerge, careful=True, deletion_vectors=True)}
-TAG_ON = {"sink": "auto", "sink-executors": "executors", "sink-merge": "auto"}
-COMMIT_MODE = {"sink": "auto", "sink-executors": "auto", "sink-merge": "merge"}
+# On a table with deletion vectors (the events case's variant): the sink under engine =
+# "delta-spark", whose updates then commit through Spark's MERGE (which writes them).
+TAG_ON = {"sink": "auto", "sink-executors": "executors", "sink-merge": "auto", "sink-spark-dv": "auto",
+          "sink-spark-dv-executors": "executors"}
+COMMIT_MODE = {"sink": "auto", "sink-executors": "auto", "sink-merge": "merge", "sink-spark-dv": "auto",
+               "sink-spark-dv-executors": "auto"}
+DELETION_VECTORS = ("sink-spark-dv", "sink-spark-dv-executors")
 
 
 class Timed:
@@ -133,11 +138,14 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
         uri = case / name / "table"
         shutil.copytree(template, uri)
         if name not in BASELINES:
+            if name in DELETION_VECTORS:
+                spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
             cfg = SinkConfig(table_uri=str(uri), key=["id"], partition_by=["dt"], ordering="event_time",
                              delete_when="op = 'd'", checkpoint_dir=str(case / name / "cp"),
                              index_dir=None if executor_index_dirs else str(case / name / "index"),
-                             num_shards=num_shards, metrics_port=0,
-                             tag_on=TAG_ON[name], commit_mode=COMMIT_MODE[name])
+                             num_shards=num_shards, metrics_port=0, tag_on=TAG_ON[name],
+                             commit_mode=COMMIT_MODE[name],
+                             engine="delta-spark" if name in DELETION_VECTORS else "deltalake")
             file_cache.WRITTEN.clear()  # the previous case's files
             sink = UpsertSink(cfg)
             seconds, reports, _ = stream(spark, landing, case / name / "cp", sink)

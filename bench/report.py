@@ -31,6 +31,10 @@ def markdown(result: dict) -> str:
             dv = with_dvs.get(c["table_rows"]) if c["workload"] == "events" else None
             if dv is not None:
                 careful += f" ({dv['spark-merge-careful-dv']['median_after_first']:.2f} s)"
+            if dv is not None and "sink-spark-dv" in dv:
+                dv_sink = (f"sink on it (delta-spark): {dv['sink-spark-dv']['median_after_first']:.2f} s, executor "
+                           f"tagging {dv['sink-spark-dv-executors']['median_after_first']:.2f} s")
+                careful += f", {dv_sink}"
             lines.append(
                 f"| {c['workload']} | {c['table_rows'] // 1_000_000}M | {c['spark-merge']['median_after_first']:.2f} s "
                 f"| {careful} | {c['sink']['median_after_first']:.2f} s "
@@ -68,6 +72,8 @@ def markdown(result: dict) -> str:
                   "peak before | batch | table equal to expected |", "|---:|---|---:|---:|---|"]
         for c in result["driver_memory"]:
             how = "files written by executors" if c["commit_mode"] == "auto" else "MERGE fallback (rows collected)"
+            if c["commit_mode"] == "merge" and c.get("engine") == "delta-spark":
+                how = "delta-spark MERGE from the executors"
             if c.get("scd_type") == 2:
                 how = "history table (scd_type = 2), files written by executors"
             lines.append(f"| {c['records']:,} records | {how} ({c['mode']}) | {c['driver_peak_rise_mb']:,.0f} MB "

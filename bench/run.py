@@ -81,15 +81,17 @@ def connect_figures(params: dict) -> list[dict]:
 
 def driver_memory_figures(sizes: list[int]) -> list[dict]:
     """bench.driver_memory, one child process per size and commit mode (a Spark application
-    each, and its own peak RSS): the executors writing the files, the MERGE fallback, and the
-    executors writing a history table's (scd_type 2) files."""
+    each, and its own peak RSS): the executors writing the files, the MERGE fallback (delta-rs'
+    in the driver, Spark's from the executors), and the executors writing a history table's
+    (scd_type 2) files."""
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "driver-memory.json"
-        for mode, scd_type in (("auto", 1), ("merge", 1), ("auto", 2)):
+        for mode, scd_type, engine in (("auto", 1, "deltalake"), ("merge", 1, "deltalake"),
+                                       ("merge", 1, "delta-spark"), ("auto", 2, "deltalake")):
             for n in sizes:
                 subprocess.run([sys.executable, "-m", "bench.driver_memory", "--records", str(n), "--commit-mode", mode,
-                                "--scd-type", str(scd_type), "--out", str(out)], check=True,
+                                "--scd-type", str(scd_type), "--engine", engine, "--out", str(out)], check=True,
                                cwd=Path(__file__).resolve().parent.parent)
                 cases.append(json.loads(out.read_text()))
     return cases
@@ -164,7 +166,8 @@ def main() -> None:
         print("== delta-spark's MERGE on a table with deletion vectors (events)", flush=True)
         result["e2e_deletion_vectors"] = e2e.run(spark, work, params["sizes"], ["events"], params["batches"],
                                                  params["batch_rows"], num_shards=2,
-                                                 contenders=("baseline", "spark-merge-careful-dv"))
+                                                 contenders=("baseline", "spark-merge-careful-dv",
+                                                             *e2e.DELETION_VECTORS))
         print("== tiny batches (events mix)", flush=True)
         result["e2e_tiny"] = e2e.run_tiny(spark, work, params["sizes"][0], TINY_BATCH_ROWS, params["tiny_batches"])
         print("== global scope (365 partitions, against a MERGE on the key alone)", flush=True)
