@@ -32,11 +32,11 @@ def stream(scope: str) -> list[list[Event]]:
 def config(work: Path, scope: str, engine: str = "deltalake"):
     """Under delta-spark, the history commits through Spark's MERGE."""
     from sink import SinkConfig
+    from tests.engines import ENGINE_OPTIONS
 
-    spark_merge = dict(engine=engine, commit_mode="merge") if engine == "delta-spark" else {}
     return SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                       delete_when="op = 'd'", scope=scope, scd_type=2, writer_id="crash", num_shards=2,
-                      metrics_port=0, index_dir=str(work / "index"), **spark_merge)
+                      metrics_port=0, index_dir=str(work / "index"), **ENGINE_OPTIONS[engine])
 
 
 def kill_at(point: str, engine: str) -> None:

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from sink.task_context import spark_local_dirs
+from tests.engines import ENGINE_OPTIONS
 from tests.oracle import (
     SCHEMA,
     Event,
@@ -186,7 +187,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     scope = "global" if name.startswith("global") else "partitioned"
     history = "history" in name
     crash = name.endswith("crash")
-    spark_merge = dict(engine="delta-spark", commit_mode="merge") if name.startswith("spark-merge") else {}
+    spark_merge = ENGINE_OPTIONS["delta-spark"] if name.startswith("spark-merge") else {}
     cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
                      num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if history else 1,

@@ -6,6 +6,7 @@ from deltalake import DeltaTable
 from sink import SchemaError, SinkConfig, UpsertSink, cli
 from sink.config import HIDDEN_ORDERING_PREFIX
 from sink.errors import ConfigError, ContractMismatchError
+from tests.engines import ENGINE_OPTIONS, UPDATES_COMMIT
 from tests.examples import USER_CHANGES
 from tests.oracle import verify_replicas
 
@@ -73,18 +74,20 @@ def visible_rows(uri):
         [HIDDEN_ORDERING_PREFIX + "sequenceNum"]).to_pylist())
 
 
+@pytest.mark.parametrize("engine", ENGINE_OPTIONS)
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 @pytest.mark.parametrize("split", [[8], [4, 4], [6, 2]], ids=["one-batch", "two-batches", "stale-after-restart"])
-@pytest.mark.connect(split=[6, 2])
-def test_the_published_type_1_example_excepting_its_sequence_column(spark, tmp_path, tag_on, split):
+@pytest.mark.connect(split=[6, 2], engine="deltalake")
+def test_the_published_type_1_example_excepting_its_sequence_column(spark, tmp_path, tag_on, split, engine):
     """`COLUMNS * EXCEPT (operation, sequenceNum)`: the table keeps the sequence as
     __ordering_sequenceNum, where a restarted sink's index loads it from (the last split's
     second batch is all stale: its updates are older than the stored row and the delete)."""
-    cfg = users_config(tmp_path, except_columns=["operation", "sequenceNum"], tag_on=tag_on)
+    options = dict(except_columns=["operation", "sequenceNum"], tag_on=tag_on, **ENGINE_OPTIONS[engine])
+    cfg = users_config(tmp_path, **options)
     start = 0
     for b, size in enumerate(split):
         index = {"index_dir": str(tmp_path / f"index-{b}")}  # each batch a new sink on a new index
-        sink = UpsertSink(users_config(tmp_path, except_columns=["operation", "sequenceNum"], tag_on=tag_on, **index))
+        sink = UpsertSink(users_config(tmp_path, **options, **index))
         sink(spark.createDataFrame(CHANGES[start:start + size], USERS), b)
         start += size
     table = DeltaTable(cfg.table_uri)
@@ -165,15 +168,16 @@ def rows_of(uri):
     return sorted(tuple(r.values()) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
 
 
+@pytest.mark.parametrize("engine", ENGINE_OPTIONS)
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
-@pytest.mark.connect
-def test_ignore_null_updates_gives_paimons_partial_update_result_across_batches(spark, tmp_path, tag_on):
-    cfg = partial_config(tmp_path, tag_on=tag_on)
+@pytest.mark.connect(engine="deltalake")
+def test_ignore_null_updates_gives_paimons_partial_update_result_across_batches(spark, tmp_path, tag_on, engine):
+    cfg = partial_config(tmp_path, tag_on=tag_on, **ENGINE_OPTIONS[engine])
     sink = UpsertSink(cfg)
     for batch_id, record in enumerate(PARTIAL_RECORDS):
         sink(spark.createDataFrame([record], PARTIAL), batch_id)
     assert rows_of(cfg.table_uri) == [(1, 25.2, 10, "This is a book", 3)]
-    assert [r.mode for r in sink.reports] == ["append", "rewrite", "rewrite"]
+    assert [r.mode for r in sink.reports] == ["append", UPDATES_COMMIT[engine], UPDATES_COMMIT[engine]]
 
 
 def test_ignore_null_updates_folds_one_keys_records_in_one_batch(spark, tmp_path):
@@ -198,16 +202,18 @@ def test_ignore_null_updates_off_stores_the_nulls(spark, tmp_path):
     assert rows_of(cfg.table_uri) == [(1, 25.2, None, None, 3)]
 
 
+@pytest.mark.parametrize("engine", ENGINE_OPTIONS)
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
-def test_ignore_null_updates_keeps_stored_values_when_a_global_key_moves(spark, tmp_path, tag_on):
-    cfg = partial_config(tmp_path, scope="global", partition_by=["dt"], tag_on=tag_on)
+def test_ignore_null_updates_keeps_stored_values_when_a_global_key_moves(spark, tmp_path, tag_on, engine):
+    cfg = partial_config(tmp_path, scope="global", partition_by=["dt"], tag_on=tag_on, **ENGINE_OPTIONS[engine])
     schema = "k INT, dt STRING, price DOUBLE, title STRING, seq INT"
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([(1, "2026-11-01", 9.5, "kept", 1), (2, "2026-11-01", 1.0, "two", 1)], schema), 0)
     sink(spark.createDataFrame([(1, "2026-11-02", None, None, 2), (2, "2026-11-02", 3.0, None, 2)], schema), 1)
     assert rows_of(cfg.table_uri) == [(1, "2026-11-02", 9.5, "kept", 2), (2, "2026-11-02", 3.0, "two", 2)]
-    # Executor tagging: the moved rows were filled and written by Spark tasks, not the driver.
-    assert (sink.reports[-1].write_seconds > 0) == (tag_on == "executors")
+    # Executor tagging: the moved rows were filled by Spark tasks, and written by them (or by
+    # Spark's MERGE from them), not by the driver.
+    assert (sink.reports[-1].write_seconds > 0) == (tag_on == "executors" and engine == "deltalake")
 
 
 def test_ignore_null_updates_must_be_a_boolean(tmp_path):

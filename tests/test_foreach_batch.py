@@ -6,6 +6,7 @@ from prometheus_client import REGISTRY
 from sink import SchemaError, SinkConfig, UpsertSink, WriterIdReusedError
 from sink.keys import shard_of
 from tests import damage
+from tests.engines import ENGINE_OPTIONS, UPDATES_COMMIT
 from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -39,9 +40,8 @@ def frame(spark, events):
 @pytest.mark.connect(engine="deltalake")
 def test_random_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed, shards,
                                                                                      tag_on, peek_max_keys, engine):
-    updates = "merge" if engine == "delta-spark" else "rewrite"
-    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, peek_max_keys=peek_max_keys, engine=engine,
-                 commit_mode="merge" if engine == "delta-spark" else "auto")
+    updates = UPDATES_COMMIT[engine]
+    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, peek_max_keys=peek_max_keys, **ENGINE_OPTIONS[engine])
     batches = random_batches(seed, batches=7, per_batch=300)
     sink = UpsertSink(cfg)
     for b, events in enumerate(batches):

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from sink import ContractMismatchError, SinkConfig, UpsertSink
 from sink.index.keyspace_filters import KEY_FILTER_FILE
 from tests import damage
+from tests.engines import ENGINE_OPTIONS
 from tests.oracle import SCHEMA, Event, expected_global_rows, random_global_batches, taken_back, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -38,8 +39,7 @@ def frame(spark, events):
 @pytest.mark.connect(engine="deltalake")
 def test_a_global_stream_matches_the_oracle_through_restarts_replays_and_lost_replicas(spark, tmp_path, seed,
                                                                                         shards, tag_on, engine):
-    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, engine=engine,
-                 commit_mode="merge" if engine == "delta-spark" else "auto")
+    cfg = config(tmp_path, num_shards=shards, tag_on=tag_on, **ENGINE_OPTIONS[engine])
     batches = random_global_batches(seed, batches=7, per_batch=250)
     sink = UpsertSink(cfg)
     filtered = missed = 0

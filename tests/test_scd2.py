@@ -19,6 +19,7 @@ from sink.history import END_AT, RUN_EVENTS, START_AT
 from sink.lakehouse import versions
 from sink.lakehouse.rewrite import matching_files
 from tests import history_crash
+from tests.engines import ENGINE_OPTIONS, UPDATES_COMMIT
 from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY, VERSIONED_EVENTS, VERSIONED_HISTORY
 from tests.oracle import SCHEMA as EVENT_SCHEMA
 from tests.oracle import Event, expected_history, random_global_batches, verify_replicas
@@ -59,15 +60,16 @@ SPLITS = {"one-batch": ([8], False), "two-batches": ([4, 4], False), "one-per-ba
           "late-after-restart": ([6, 2], True)}
 
 
+@pytest.mark.parametrize("engine", ENGINE_OPTIONS)
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 @pytest.mark.parametrize("split", SPLITS)
-@pytest.mark.connect(split="late-after-restart")
-def test_the_published_scd2_users_example(spark, tmp_path, split, tag_on):
+@pytest.mark.connect(split="late-after-restart", engine="deltalake")
+def test_the_published_scd2_users_example(spark, tmp_path, split, tag_on, engine):
     """STORED AS SCD TYPE 2 with COLUMNS * EXCEPT (operation, sequenceNum): the docs' 7 rows,
     tagged in the driver or in Spark tasks (whose writing tasks then rebuild the histories
-    and write the files)."""
-    sink = run_users(spark, tmp_path, *SPLITS[split], tag_on=tag_on)
-    assert (sink.reports[-1].write_seconds > 0) is (tag_on == "executors")
+    and write the files; under delta-spark the driver rebuilds them for Spark's MERGE)."""
+    sink = run_users(spark, tmp_path, *SPLITS[split], tag_on=tag_on, **ENGINE_OPTIONS[engine])
+    assert (sink.reports[-1].write_seconds > 0) is (tag_on == "executors" and engine == "deltalake")
     uri = str(tmp_path / "users")
     assert history(uri, "userId", "name", "city", START_AT, END_AT) == sorted(USER_VERSIONS, key=repr)
     assert DeltaTable(uri).schema().to_arrow().names == [
@@ -143,7 +145,7 @@ def test_random_events_in_random_batches_give_the_oracles_history(spark, tmp_pat
         e["seq"] = e["seq"] * 100 + events.index(e)
     common = dict(key=["id"], partition_by=["dt"], ordering="seq", delete_when="op = 'd'", except_columns=["op"],
                   writer_id="w", num_shards=2, metrics_port=0)
-    spark_merge = dict(engine="delta-spark", commit_mode="merge") if seed >= 4 else {}
+    spark_merge = ENGINE_OPTIONS["delta-spark"] if seed >= 4 else {}
     scd2 = dict(table_uri=str(tmp_path / "t2"), scd_type=2, track_history_columns=["name"],
                 tag_on="executors" if seed % 2 else "driver", ignore_null_updates=fill, **spark_merge, **common)
     scd1 = SinkConfig(table_uri=str(tmp_path / "t1"), index_dir=str(tmp_path / "i1"), **common)
@@ -595,7 +597,7 @@ def test_a_driver_killed_inside_a_history_commit_resumes_to_the_oracles_history(
     orphans = never_committed(cfg.table_uri)
     assert orphans > 0 if point == "written" else orphans == 0
     sink = UpsertSink(cfg)  # the restarted query
-    commits = "merge" if engine == "delta-spark" else "rewrite"
+    commits = UPDATES_COMMIT[engine]
     for b in range(history_crash.CRASH_BATCH, len(batches)):
         sink(spark.createDataFrame(batches[b], EVENT_SCHEMA), b)
         assert sink.reports[-1].mode == ("skipped" if b < landed else commits), b
