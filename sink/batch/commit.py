@@ -93,7 +93,7 @@ class SourceCommit:
 
     def commit(self, state: BatchState) -> None:
         cfg, report = self._config, state.report
-        if not any(report.ops[o] for o in (INSERT, UPDATE, DELETE)):
+        if not any(report.ops[o] for o in (INSERT, UPDATE, DELETE, "delete_missing")):
             report.mode = "none"
             report.table_version = self._target.version()
             return

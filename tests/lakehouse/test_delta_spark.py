@@ -13,7 +13,7 @@ from sink.lakehouse.delta_spark import DeltaSparkTarget
 from tests import damage
 from tests.conf_session import ConfSession
 from tests.lakehouse.spark_sql_tables import COLUMNS, create, spark_rows
-from tests.oracle import SCHEMA, expected_rows, random_batches, verify_replicas
+from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
 
@@ -209,3 +209,16 @@ def test_engine_auto_without_deltas_extension_is_delta_rs_and_refuses_what_it_ca
         target.check_writable()
     target.attach(spark)
     target.check_writable()
+
+
+def test_a_batch_of_deletes_of_unknown_keys_records_its_transaction_from_the_executors(spark, tmp_path):
+    """Nothing to write but the batch's tombstones: the writes left on the executors are none,
+    and Spark's empty append still records the batch, as the other paths do."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV)
+    sink = UpsertSink(config(tmp_path, uri, tag_on="executors"))
+    sink(spark.createDataFrame([Event("a", "2025-01-01", 1, "u", "x")], SCHEMA), 0)
+    sink(spark.createDataFrame([Event("gone", "2025-01-01", 2, "d", None)], SCHEMA), 1)
+    assert (sink.reports[-1].ops["delete_missing"], sink.reports[-1].mode) == (1, "append")
+    assert DeltaTable(uri).transaction_version("w") == 1
+    assert spark_rows(spark, uri) == expected_rows([[Event("a", "2025-01-01", 1, "u", "x")]])
