@@ -197,10 +197,7 @@ class DeltaTarget:
         ("merge"). Raises CommitFailedError when another writer won the race;
         UnsupportedTableError when the table's files cannot be read as they are (deletion
         vectors, column mapping)."""
-        unreadable = unreadable_reason(self.table)
-        if unreadable is not None:
-            raise UnsupportedTableError(f"{self.uri} uses {unreadable}: a history table (scd_type = 2) reads the "
-                                        "versions it rebuilds from the table's files; nothing was written")
+        self._check_history_readable()
         before = self.version()
         snapshot = rewrite.stored_files(self.table, self.partition_by)
         if self.update_mode() == "merge":
@@ -218,6 +215,13 @@ class DeltaTarget:
         rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, writes.schema, props)
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), done.rewrite.partitions_rewritten), done
+
+    def _check_history_readable(self) -> None:
+        """UnsupportedTableError when a history table's files cannot be read as they are."""
+        unreadable = unreadable_reason(self.table)
+        if unreadable is not None:
+            raise UnsupportedTableError(f"{self.uri} uses {unreadable}: a history table (scd_type = 2) reads the "
+                                        "versions it rebuilds from the table's files; nothing was written")
 
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         """Add the batch's new columns in a metadata commit right after version `before`.

@@ -30,11 +30,11 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_type
 
-from sink.errors import ConfigError, UnsupportedTableError
+from sink.errors import ConfigError
 from sink.lakehouse import versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
-from sink.lakehouse.features import identity_columns, merge_only_reason, unreadable_reason, unwritable_reason
+from sink.lakehouse.features import identity_columns, merge_only_reason, unwritable_reason
 from sink.lakehouse.log import commit_record
 from sink.lakehouse.merge_clauses import (
     MergeClauses,
@@ -107,7 +107,7 @@ class DeltaSparkTarget(DeltaTarget):
         return self._spark_writes_all() or (self._spark_writes == "merges" and self.update_mode() == "merge")
 
     def record_contract(self, contract: Contract) -> None:
-        if unwritable_reason(self.table) is None:
+        if not self._spark_writes_all():
             super().record_contract(contract)
             return
         properties = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in contract.properties().items())
@@ -176,10 +176,7 @@ class DeltaSparkTarget(DeltaTarget):
                        ) -> tuple[CommitOutcome, versions.HistoryRewrite | versions.HistoryMerge]:
         if not self._spark_merges():
             return super().commit_history(writes, app_id, batch_id, custom_metadata, added_columns)
-        unreadable = unreadable_reason(self.table)
-        if unreadable is not None:
-            raise UnsupportedTableError(f"{self.uri} uses {unreadable}: a history table (scd_type = 2) reads the "
-                                        "versions it rebuilds from the table's files; nothing was written")
+        self._check_history_readable()
         before = self._check_latest()
         merged = versions.merge_rows(self.uri, stored_files(self.table, self.partition_by), writes)
         self._add_columns(added_columns, before)
@@ -212,7 +209,7 @@ class DeltaSparkTarget(DeltaTarget):
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         if not added_columns:
             return
-        if unwritable_reason(self.table) is None:
+        if not self._spark_writes_all():
             super()._add_columns(added_columns, before)
             return
         columns = ", ".join(f"{quote_ident(f.name)} {from_arrow_type(f.type).simpleString()}" for f in added_columns)
