@@ -74,6 +74,8 @@ def markdown(result: dict) -> str:
             how = "files written by executors" if c["commit_mode"] == "auto" else "MERGE fallback (rows collected)"
             if c["commit_mode"] == "merge" and c.get("engine") == "delta-spark":
                 how = "delta-spark MERGE from the executors"
+            if c.get("merge_in_task"):
+                how = "delta-rs MERGE in one Spark task"
             if c.get("scd_type") == 2:
                 how = "history table (scd_type = 2), files written by executors"
             lines.append(f"| {c['records']:,} records | {how} ({c['mode']}) | {c['driver_peak_rise_mb']:,.0f} MB "

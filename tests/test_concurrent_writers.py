@@ -36,7 +36,7 @@ def other_writer_appends(uri, events, writer="other", batch=0):
 
 def racing(sink, race):
     """Let `race()` commit to the table once, between the sink's tagging and its commit (of
-    rows here, or of the files Spark tasks wrote)."""
+    rows here, of the files Spark tasks wrote, or of the writes they kept for a MERGE)."""
     calls = []
 
     def first_loses(commit):
@@ -47,14 +47,25 @@ def racing(sink, race):
             return commit(*args, **kwargs)
         return run
 
-    for name in ("commit", "commit_written"):
+    for name in ("commit", "commit_written", "commit_source"):
         setattr(sink._target, name, first_loses(getattr(sink._target, name)))
     return calls
 
 
-@pytest.mark.parametrize("tag_on", ["driver", "executors"])
-def test_an_insert_raced_by_another_writers_insert_of_the_same_key_is_tagged_again(spark, tmp_path, tag_on):
-    cfg = config(tmp_path, "a", max_commit_retries=1, tag_on=tag_on)
+# Where the batch's updates commit: the rewrite, delta-rs' MERGE (on the driver, or from a
+# Spark task with executor tagging), Spark's MERGE (from the driver's rows or the executors').
+PATHS = [("driver", {}, "rewrite"), ("executors", {}, "rewrite"),
+         ("driver", {"commit_mode": "merge"}, "merge"), ("executors", {"commit_mode": "merge"}, "merge"),
+         ("driver", {"commit_mode": "merge", "engine": "delta-spark"}, "merge"),
+         ("executors", {"commit_mode": "merge", "engine": "delta-spark"}, "merge")]
+PATH_IDS = ["driver-rewrite", "executors-rewrite", "driver-delta-rs-merge", "executors-delta-rs-merge",
+            "driver-spark-merge", "executors-spark-merge"]
+
+
+@pytest.mark.parametrize("tag_on, options, update_commit", PATHS, ids=PATH_IDS)
+def test_an_insert_raced_by_another_writers_insert_of_the_same_key_is_tagged_again(spark, tmp_path, tag_on, options,
+                                                                                   update_commit):
+    cfg = config(tmp_path, "a", max_commit_retries=1, tag_on=tag_on, **options)
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([Event("seed", "2025-01-01", 1, "u", "s")], SCHEMA), 0)
     # Both writers insert key k: a blind append would leave two rows.
@@ -64,12 +75,12 @@ def test_an_insert_raced_by_another_writers_insert_of_the_same_key_is_tagged_aga
                                                  [Event("k", "2025-01-02", 3, "u", "other")],
                                                  [Event("k", "2025-01-02", 5, "u", "ours")]])
     report = sink.reports[-1]
-    assert (len(calls), report.retries, report.ops["update"], report.mode) == (2, 1, 1, "rewrite")
+    assert (len(calls), report.retries, report.ops["update"], report.mode) == (2, 1, 1, update_commit)
 
 
-@pytest.mark.parametrize("tag_on", ["driver", "executors"])
-def test_a_race_on_other_partitions_commits_without_tagging_again(spark, tmp_path, tag_on):
-    cfg = config(tmp_path, "a", max_commit_retries=1, tag_on=tag_on)
+@pytest.mark.parametrize("tag_on, options, update_commit", PATHS, ids=PATH_IDS)
+def test_a_race_on_other_partitions_commits_without_tagging_again(spark, tmp_path, tag_on, options, update_commit):
+    cfg = config(tmp_path, "a", max_commit_retries=1, tag_on=tag_on, **options)
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([Event("seed", "2025-01-01", 1, "u", "s")], SCHEMA), 0)
     calls = racing(sink, lambda: other_writer_appends(cfg.table_uri, [Event("x", "2025-01-09", 3, "u", "other")]))

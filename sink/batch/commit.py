@@ -6,7 +6,7 @@
 - `WrittenCommit`: Spark's writing tasks wrote the batch's files; the driver commits them as
   Add/Remove actions;
 - `SourceCommit`: the writes stayed where the executors tagged them; Spark's MERGE (or append)
-  reads them there (engine = "delta-spark");
+  reads them there, or delta-rs' in one Spark task;
 - `HistoryCommit`: a history table (scd_type = 2) rebuilt for the keys the batch names."""
 
 from __future__ import annotations

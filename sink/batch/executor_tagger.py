@@ -65,8 +65,9 @@ class ExecutorTagger:
         return target.update_mode() == "rewrite" and (cfg.scd_type == 1 or cfg.scope == "partitioned")
 
     def leaves_writes_on_executors(self, target: DeltaEngine) -> bool:
-        """Where the executors do not write the files, a Spark MERGE reads the writes where
-        they were tagged (a history table's rebuild still runs on the driver)."""
+        """Where the executors do not write the files, the MERGE (Spark's, or delta-rs' in a
+        Spark task) reads the writes where they were tagged (a history table's rebuild still
+        runs on the driver)."""
         return self._config.scd_type == 1 and target.merges_on_executors() and not self.writes_files(target)
 
     def tag(self, state: BatchState, tombstones_due: bool) -> tuple[pa.Table, bool]:

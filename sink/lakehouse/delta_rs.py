@@ -1,11 +1,12 @@
-"""The `deltalake` (delta-rs) engine: commits run on the driver from Arrow."""
+"""The `deltalake` (delta-rs) engine: commits run on the driver from Arrow, or, for writes
+the executors kept, in one Spark task (sink.lakehouse.merge_task)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,14 +15,25 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_d
 from deltalake.exceptions import CommitFailedError
 
 from sink.errors import ConfigError, UnsupportedTableError
-from sink.lakehouse import append, merge, open_tables, rewrite, versions
+from sink.lakehouse import append, merge, merge_task, open_tables, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import GENERATION_EXPRESSION, merge_only_reason, unreadable_reason, unwritable_reason
-from sink.lakehouse.log import USER_METADATA, CommitSummary, commit_record, filesystem, read_commit
-from sink.lakehouse.predicates import partitions_predicate
+from sink.lakehouse.log import CommitSummary, filesystem, read_commit
+from sink.lakehouse.merge_clauses import UpsertSpec, upsert_clauses
+from sink.lakehouse.predicates import partitions_predicate, quote_ident
 from sink.lakehouse.schema import pending, with_added
-from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, distinct_partitions
+from sink.lakehouse.writes import (
+    PARTIAL_COLUMN,
+    WRITE_COLUMN,
+    Writes,
+    changing,
+    commit_properties,
+    distinct_partitions,
+)
 from sink.ordering import columns_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 __all__ = ["COMMIT_KINDS", "PARTIAL_COLUMN", "WRITE_COLUMN", "CommitFailedError", "CommitOutcome", "DeltaTarget",
            "append_once", "rows_in"]
@@ -89,7 +101,8 @@ class DeltaTarget:
         return []  # a table with identity columns is refused (check_writable)
 
     def merges_on_executors(self) -> bool:
-        return False
+        """Updates this engine MERGEs are MERGEd from one Spark task (sink.lakehouse.merge_task)."""
+        return self.update_mode() == "merge"
 
     def exists(self) -> bool:
         return self._dt is not None or DeltaTable.is_deltatable(self.uri)
@@ -152,7 +165,7 @@ class DeltaTarget:
         rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
         updating = changing(rows)
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
-        props = _commit_properties(app_id, batch_id, custom_metadata, mode)
+        props = commit_properties(app_id, batch_id, custom_metadata, mode)
         writes = Writes(rows, with_added(present, added_columns), list(key_cols), columns_of(ordering),
                         self.partition_by, incoming_wins_ties, props)
         if mode == "append":
@@ -168,6 +181,30 @@ class DeltaTarget:
         self._record_batch(app_id, batch_id, writes.schema, props)
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions), unchanged)
 
+    def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
+                      key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
+                      app_id: str, batch_id: int, custom_metadata: Mapping[str, str],
+                      added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
+        """The batch's writes as the executors hold them (`source`: the table's columns,
+        WRITE_COLUMN and, when `partial`, PARTIAL_COLUMN), appended or MERGEd (pruned to
+        `partitions`, those holding updated or deleted keys) by delta-rs in one Spark task:
+        no row of it comes to this process."""
+        before = self.version()
+        added_columns = pending(added_columns, self.arrow_schema())
+        schema = with_added(self.arrow_schema(), added_columns)
+        self._add_columns(added_columns, before)
+        spec = UpsertSpec(schema, schema.names, key_cols, ordering, self.partition_by, incoming_wins_ties, partial)
+        task = merge_task.MergeTask(self.uri, self.version(), schema,
+                                    upsert_clauses(spec, partitions) if partitions else None, partial, app_id,
+                                    batch_id, dict(custom_metadata))
+        outcome = merge_task.run(task, source if partitions else source.select(*map(quote_ident, schema.names)))
+        if outcome.conflict is not None:
+            raise CommitFailedError(outcome.conflict)
+        mode = "merge" if partitions else "append"
+        self._record_batch(app_id, batch_id, schema, commit_properties(app_id, batch_id, custom_metadata, mode))
+        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions),
+                             max(0, updates - outcome.updated))
+
     def commit_written(self, written: rewrite.Rewrite, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
                        partitions_changed: int = 0) -> CommitOutcome:
@@ -178,7 +215,7 @@ class DeltaTarget:
         present = self.arrow_schema()
         added_columns = pending(added_columns, present)
         mode = "rewrite" if written.removes else "append"
-        props = _commit_properties(app_id, batch_id, custom_metadata, mode)
+        props = commit_properties(app_id, batch_id, custom_metadata, mode)
         schema = with_added(present, added_columns)
         self._add_columns(added_columns, before)
         rewrite.commit_rewrite(self.table, self.uri, written, rewrite.stored_files(self.table, self.partition_by),
@@ -202,7 +239,7 @@ class DeltaTarget:
         snapshot = rewrite.stored_files(self.table, self.partition_by)
         if self.update_mode() == "merge":
             merged = versions.merge_rows(self.uri, snapshot, writes)
-            props = _commit_properties(app_id, batch_id, custom_metadata, "merge")
+            props = commit_properties(app_id, batch_id, custom_metadata, "merge")
             self._add_columns(added_columns, before)
             if merged.source.num_rows:
                 merge.commit_history(self.table, merged, writes.key_cols, self.partition_by, writes.schema, props)
@@ -210,7 +247,7 @@ class DeltaTarget:
             return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(merged.partitions)), merged
         done = versions.rewrite_files(self.uri, snapshot, writes)
         mode = "rewrite" if done.rewrite.removes else "append"
-        props = _commit_properties(app_id, batch_id, custom_metadata, mode)
+        props = commit_properties(app_id, batch_id, custom_metadata, mode)
         self._add_columns(added_columns, before)
         rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, writes.schema, props)
@@ -272,16 +309,6 @@ class DeltaTarget:
         latest version may already be another writer's."""
         return next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id),
                     self.version())
-
-
-def _commit_properties(app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> CommitProperties:
-    """No retries: the commit lands on the version after the loaded one, the one its tags were
-    checked against, or fails (the caller checks what landed and decides). The commit's kind
-    is in its metadata: a rewrite's operation reads WRITE, as an append's. The metadata is in
-    the commit info and, as Spark commits carry it, as JSON in its userMetadata."""
-    recorded = commit_record(app_id, batch_id, custom_metadata, mode)
-    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
-                            custom_metadata={**recorded, USER_METADATA: json.dumps(recorded)}, max_commit_retries=0)
 
 
 def rows_in(table: DeltaTable, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:

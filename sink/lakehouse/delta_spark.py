@@ -118,7 +118,7 @@ class DeltaSparkTarget(DeltaTarget):
         return (self._spark is not None and unwritable_reason(self.table)) or merge_only_reason(self.table)
 
     def merges_on_executors(self) -> bool:
-        return self._spark_merges()
+        return self._spark_merges() or super().merges_on_executors()
 
     def commit(self, rows: pa.Table, key_cols: Sequence[str], ordering: str | Sequence[str], app_id: str,
                batch_id: int, custom_metadata: Mapping[str, str], incoming_wins_ties: bool,
@@ -147,6 +147,11 @@ class DeltaSparkTarget(DeltaTarget):
         (all but identity columns), WRITE_COLUMN and, when `partial`, PARTIAL_COLUMN;
         `partitions`: those holding updated or deleted keys (none: an append); `updates`: how
         many updates it has. No row of it comes to this process."""
+        if not self._spark_merges():  # delta-rs' MERGE, from one Spark task
+            return super().commit_source(source, partitions, updates, key_cols=key_cols, ordering=ordering,
+                                         partial=partial, incoming_wins_ties=incoming_wins_ties, app_id=app_id,
+                                         batch_id=batch_id, custom_metadata=custom_metadata,
+                                         added_columns=added_columns)
         present = self.arrow_schema()
         added = pending(added_columns, present)
         schema = with_added(present, added)
@@ -233,9 +238,11 @@ class DeltaSparkTarget(DeltaTarget):
 
     def _spark_frame(self, rows: pa.Table) -> DataFrame:
         # Without its empty chunks: pyspark 4.2's createDataFrame drops every row after an
-        # empty chunk (checked: chunks of 2, 0 and 3 rows gave a DataFrame of 2).
-        return self._session().createDataFrame(
-            pa.Table.from_batches([b for b in rows.to_batches() if b.num_rows], rows.schema))
+        # empty chunk (checked: chunks of 2, 0 and 3 rows gave a DataFrame of 2). An empty
+        # table keeps one: with none, it fails on nested columns ("cannot construct
+        # ChunkedArray from empty vector").
+        batches = [b for b in rows.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=rows.schema)]
+        return self._session().createDataFrame(pa.Table.from_batches(batches, rows.schema))
 
     @contextmanager
     def _transaction(self, app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> Iterator[None]:

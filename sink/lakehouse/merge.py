@@ -27,18 +27,22 @@ def commit(table: DeltaTable, writes: Writes, partitions: Sequence[Mapping[str, 
     the new values, e.g. an event delivered again with its ordering), which match no update
     clause and rewrite no file; or, should a replica be behind, rows the ordering guard kept."""
     clauses = upsert_clauses(UpsertSpec.of(writes, writes.schema.names), partitions)
-    metrics = _run(table, upsert_source(writes), clauses, writes.props)
+    metrics = run(table, upsert_source(writes), clauses, writes.props)
     return max(0, updates_in(writes.rows) - metrics.get("num_target_rows_updated", 0))
 
 
 def commit_history(table: DeltaTable, merge: HistoryMerge, key_cols: Sequence[str], partition_by: Sequence[str],
                    schema: pa.Schema, props: CommitProperties) -> None:
     """A history table's MERGE (sink.lakehouse.versions.merge_rows)."""
-    _run(table, merge.source, history_clauses(merge, key_cols, partition_by, schema, schema.names), props)
+    run(table, merge.source, history_clauses(merge, key_cols, partition_by, schema, schema.names), props)
 
 
-def _run(table: DeltaTable, source: pa.Table, clauses: MergeClauses, props: CommitProperties) -> dict:
-    merger = (table.merge(source, clauses.on, source_alias="s", target_alias="t", commit_properties=props)
+def run(table: DeltaTable, source: pa.Table | pa.RecordBatchReader, clauses: MergeClauses,
+        props: CommitProperties) -> dict:
+    """The MERGE of `clauses` from `source` (a reader is streamed: delta-rs' `streamed_exec`);
+    its metrics."""
+    merger = (table.merge(source, clauses.on, source_alias="s", target_alias="t", streamed_exec=True,
+                          commit_properties=props)
               .when_matched_delete(predicate=clauses.delete))
     for values, condition in clauses.updates:
         merger = merger.when_matched_update(updates=dict(values), predicate=condition)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties
+from deltalake import CommitProperties, Transaction
 
 from sink import keys
+from sink.lakehouse.log import USER_METADATA, commit_record
 
 WRITE_COLUMN = "__sink_write"
 # ignore_null_updates: on an update, whether its null columns keep the stored values.
@@ -72,3 +74,13 @@ def partition_string(value) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def commit_properties(app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> CommitProperties:
+    """No retries: the commit lands on the version after the loaded one, the one its tags were
+    checked against, or fails (the caller checks what landed and decides). The commit's kind
+    is in its metadata: a rewrite's operation reads WRITE, as an append's. The metadata is in
+    the commit info and, as Spark commits carry it, as JSON in its userMetadata."""
+    recorded = commit_record(app_id, batch_id, custom_metadata, mode)
+    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
+                            custom_metadata={**recorded, USER_METADATA: json.dumps(recorded)}, max_commit_retries=0)
