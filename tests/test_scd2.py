@@ -76,23 +76,26 @@ def test_the_published_scd2_users_example(spark, tmp_path, split, tag_on, engine
         "userId", "name", "city", "__ordering_sequenceNum", START_AT, END_AT, RUN_EVENTS]
 
 
+@pytest.mark.parametrize("engine", ENGINE_OPTIONS)
 @pytest.mark.parametrize("split", SPLITS)
-@pytest.mark.connect(split="late-after-restart")
-def test_the_published_example_tracking_history_except_city(spark, tmp_path, split):
+@pytest.mark.connect(split="late-after-restart", engine="deltalake")
+def test_the_published_example_tracking_history_except_city(spark, tmp_path, split, engine):
     """TRACK HISTORY ON * EXCEPT (city): the docs' 4 rows."""
-    run_users(spark, tmp_path, *SPLITS[split], track_history_except_columns=["city"])
+    run_users(spark, tmp_path, *SPLITS[split], track_history_except_columns=["city"], **ENGINE_OPTIONS[engine])
     assert history(str(tmp_path / "users"), "userId", "name", "city", START_AT, END_AT) == sorted(
         USER_VERSIONS_EXCEPT_CITY)
 
 
+@pytest.mark.parametrize("engine", ENGINE_OPTIONS)
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 @pytest.mark.parametrize("restart", [False, True])
-@pytest.mark.connect(restart=True)
-def test_the_published_case_whose_stored_sequence_column_is_tracked_by_default(spark, tmp_path, tag_on, restart):
+@pytest.mark.connect(restart=True, engine="deltalake")
+def test_the_published_case_whose_stored_sequence_column_is_tracked_by_default(spark, tmp_path, tag_on, restart,
+                                                                                engine):
     """Declarative Pipelines' "SCD2 auxiliary table dropped between runs": target (id,
     version) sequenced by version, which is stored, so tracked: each event opens a version."""
     cfg = dict(table_uri=str(tmp_path / "t"), key=["id"], ordering="version", scd_type=2, writer_id="w",
-               num_shards=2, metrics_port=0, tag_on=tag_on)
+               num_shards=2, metrics_port=0, tag_on=tag_on, **ENGINE_OPTIONS[engine])
     for b, event in enumerate(VERSIONED_EVENTS):
         index = tmp_path / (f"index-{b}" if restart else "index")
         UpsertSink(SinkConfig(index_dir=str(index), **cfg))(spark.createDataFrame([event], "id INT, version INT"), b)
@@ -336,15 +339,16 @@ def test_a_history_table_whose_files_hide_rows_is_refused_before_writing(spark, 
     assert DeltaTable(str(tmp_path / "users")).version() == version
 
 
+@pytest.mark.parametrize("engine", ENGINE_OPTIONS)
 @pytest.mark.parametrize("case", HANDLER_CASES)
-@pytest.mark.connect
-def test_the_declarative_pipelines_handler_cases_through_the_sink_with_a_restart(spark, tmp_path, case):
+@pytest.mark.connect(engine="deltalake")
+def test_the_declarative_pipelines_handler_cases_through_the_sink_with_a_restart(spark, tmp_path, case, engine):
     """The stored events in one batch, then the case's batch on a new sink and index. The
     cases track `value` alone: seq is stored, and tracked by default."""
     stored, batch, expected = HANDLER_CASES[case]
     options = dict(table_uri=str(tmp_path / "t"), key=["id"], ordering="seq", delete_when="is_delete",
                    scd_type=2, except_columns=["is_delete"], writer_id="w-cases", num_shards=2, metrics_port=0,
-                   track_history_columns=["value"])
+                   track_history_columns=["value"], **ENGINE_OPTIONS[engine])
     for b, events in enumerate((stored, batch)):
         if events:
             rows = [(e["id"], e["seq"], e["is_delete"], e["value"]) for e in events]
