@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run submit test docs lint bench bench-quick check-java test-tools delta-jars clean-data
+.PHONY: run submit test docs lint bench bench-quick bench-against-spark check-java test-tools delta-jars clean-data
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
@@ -74,6 +74,10 @@ bench: $(STAMP) delta-jars
 
 bench-quick: $(STAMP) delta-jars
 	$(PY) -m bench.run --quick
+
+# The sink against delta-spark's MERGE alone, at 10M rows (30 minutes on 2 cores).
+bench-against-spark: $(STAMP) delta-jars
+	$(PY) -m bench.run --against-spark --sizes 10000000 --batches 3
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sink jobs tests bench docs

@@ -1,7 +1,9 @@
 """`make bench` / `make bench-quick`: every benchmark, one JSON and one PNG per run.
 
     python -m bench.run --quick        # small sizes, a few minutes
-    python -m bench.run                # 1M, 5M and 10M-row tables (~15 min on 2 cores)
+    python -m bench.run                # 1M, 5M and 10M-row tables (hours on 2 cores)
+    python -m bench.run --against-spark --sizes 10000000 --batches 3
+                                       # only the sink against delta-spark's MERGE (its cases below)
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000],
 
 
 TINY_BATCH_ROWS = [1, 100, 1000]
+
+# `--against-spark`: the sink against the MERGE Spark users write (delta-spark's, as documented
+# and with the batch's partitions in ON), the delta-rs one for reference.
+AGAINST_SPARK = {"workloads": ["events", "update-heavy", "insert-only"],
+                 "contenders": ("sink", "sink-executors", "baseline", "spark-merge", "spark-merge-careful")}
 
 
 def machine() -> dict:
@@ -82,7 +89,7 @@ def connect_figures(params: dict) -> list[dict]:
 def driver_memory_figures(sizes: list[int]) -> list[dict]:
     """bench.driver_memory, one child process per size and commit mode (a Spark application
     each, and its own peak RSS): the executors writing the files, the MERGE fallback (delta-rs'
-    in the driver, Spark's from the executors), and the executors writing a history table's
+    in a Spark task, Spark's, both from the executors' writes), and the executors writing a history table's
     (scd_type 2) files."""
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,13 +143,60 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def against_spark(spark, work: Path, params: dict, result: dict, save) -> None:
+    """The end-to-end cases against delta-spark's MERGE, its deletion-vector variant and global
+    scope, at `params`' sizes, on local[2] (the two-executor case runs in a child process
+    later); `save()` after each, so that a failure late in an hour's run keeps the rest."""
+    e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
+    result["e2e"] = e2e.run(spark, work, params["sizes"], AGAINST_SPARK["workloads"], params["batches"],
+                            params["batch_rows"], num_shards=2, contenders=AGAINST_SPARK["contenders"])
+    save()
+    result["e2e_deletion_vectors"] = e2e.run(spark, work, params["sizes"], ["events"], params["batches"],
+                                             params["batch_rows"], num_shards=2,
+                                             contenders=("baseline", "spark-merge-careful-dv", *e2e.DELETION_VECTORS))
+    save()
+    result["global"] = global_bench.run(spark, work, params["sizes"], params["batches"], params["batch_rows"],
+                                        workloads=("global",))
+    save()
+
+
+def e2e_session():
+    """local[2], with Delta's Spark engine: the delta-spark MERGE baselines run in it."""
+    from jobs.spark_session import spark_session
+
+    spark = spark_session("bench", "local[2]", {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
+                                                **SparkMerge.SESSION_CONF}, delta=True)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--against-spark", action="store_true",
+                        help="only the sink against delta-spark's MERGE: end to end, deletion vectors, global scope, "
+                             "two executors")
+    parser.add_argument("--sizes", type=int, nargs="+", help="with --against-spark: table rows (default: the run's)")
+    parser.add_argument("--batches", type=int, help="with --against-spark: batches a case (default: the run's)")
     args = parser.parse_args()
     params = QUICK if args.quick else FULL
     name = "quick" if args.quick else "full"
     started = time.perf_counter()
+    if args.against_spark:
+        params = {**params, "sizes": args.sizes or params["sizes"], "batches": args.batches or params["batches"]}
+        result = {"name": "against-spark", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                  "machine": machine(), "parameters": {**params, **AGAINST_SPARK}}
+        spark = e2e_session()
+        work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
+        try:
+            against_spark(spark, work, params, result, lambda: write(result, started, plotted=False))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            spark.stop()
+        print("== events on two executors (local-cluster), executor tagging", flush=True)
+        result["e2e_two_executors"] = two_executor_figures(params)
+        write(result, started, plotted=False)
+        return
     result = {"name": name, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
               "machine": machine(), "parameters": params}
     print(f"== tagging ({params['tag_index_keys']:,} keys indexed)", flush=True)
@@ -152,12 +206,7 @@ def main() -> None:
     print(f"== commit ({result['index']['bootstrap']['keys_per_second']:,} bootstrap keys/s above)", flush=True)
     result["commit"] = commit_bench.run(params["commit_sizes"], params["batch_rows"], params["commit_repeats"])
     print("== end to end", flush=True)
-    from jobs.spark_session import spark_session
-
-    # With Delta's Spark engine: the delta-spark MERGE baselines run in it.
-    spark = spark_session("bench", "local[2]", {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
-                                                **SparkMerge.SESSION_CONF}, delta=True)
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = e2e_session()
     work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
     try:
         e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
@@ -185,12 +234,18 @@ def main() -> None:
     result["e2e_connect"] = connect_figures(params)
     print("== the driver's memory per batch (executor tagging, two executors)", flush=True)
     result["driver_memory"] = driver_memory_figures(params["memory_sizes"])
+    write(result, started)
+
+
+def write(result: dict, started: float, plotted: bool = True) -> None:
+    """bench/results/<name>-<date>.json, and its .png (`plotted`)."""
     result["seconds"] = round(time.perf_counter() - started, 1)
     RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"{name}-{dt.date.today().isoformat()}"
+    stem = RESULTS / f"{result['name']}-{dt.date.today().isoformat()}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, stem.with_suffix(".png"))
-    print(f"written {stem}.json and {stem}.png in {result['seconds']}s")
+    if plotted:
+        plot(result, stem.with_suffix(".png"))
+    print(f"written {stem}.json{' and .png' if plotted else ''} in {result['seconds']}s")
 
 
 if __name__ == "__main__":
