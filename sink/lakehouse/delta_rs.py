@@ -160,14 +160,13 @@ class DeltaTarget:
         Raises CommitFailedError when another writer won the race.
         """
         before = self.version()
-        present = self.arrow_schema()
-        added_columns = pending(added_columns, present)
+        added_columns, schema = self._schema_adding(added_columns)
         rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
         updating = changing(rows)
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
-        writes = Writes(rows, with_added(present, added_columns), list(key_cols), columns_of(ordering),
-                        self.partition_by, incoming_wins_ties, props)
+        writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
+                        props)
         if mode == "append":
             append.commit(self.table, writes, evolve=bool(added_columns))
             self.refresh()
@@ -190,8 +189,7 @@ class DeltaTarget:
         `partitions`, those holding updated or deleted keys) by delta-rs in one Spark task:
         no row of it comes to this process."""
         before = self.version()
-        added_columns = pending(added_columns, self.arrow_schema())
-        schema = with_added(self.arrow_schema(), added_columns)
+        added_columns, schema = self._schema_adding(added_columns)
         self._add_columns(added_columns, before)
         spec = UpsertSpec(schema, schema.names, key_cols, ordering, self.partition_by, incoming_wins_ties, partial)
         task = merge_task.MergeTask(self.uri, self.version(), schema,
@@ -212,11 +210,9 @@ class DeltaTarget:
         batch_id): "rewrite" when it removes files, else "append". The removes must be files of
         the loaded version, which the commit lands right after, or it fails (CommitFailedError)."""
         before = self.version()
-        present = self.arrow_schema()
-        added_columns = pending(added_columns, present)
+        added_columns, schema = self._schema_adding(added_columns)
         mode = "rewrite" if written.removes else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
-        schema = with_added(present, added_columns)
         self._add_columns(added_columns, before)
         rewrite.commit_rewrite(self.table, self.uri, written, rewrite.stored_files(self.table, self.partition_by),
                                schema, self.partition_by, props)
@@ -252,6 +248,12 @@ class DeltaTarget:
         rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, writes.schema, props)
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), done.rewrite.partitions_rewritten), done
+
+    def _schema_adding(self, added_columns: Sequence[pa.Field]) -> tuple[list[pa.Field], pa.Schema]:
+        """Of the batch's new columns, those the table still lacks, and its schema with them."""
+        present = self.arrow_schema()
+        added = pending(added_columns, present)
+        return added, with_added(present, added)
 
     def _check_history_readable(self) -> None:
         """UnsupportedTableError when a history table's files cannot be read as they are."""

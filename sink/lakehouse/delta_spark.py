@@ -46,7 +46,6 @@ from sink.lakehouse.merge_clauses import (
 )
 from sink.lakehouse.predicates import quote_ident
 from sink.lakehouse.rewrite import stored_files
-from sink.lakehouse.schema import pending, with_added
 from sink.lakehouse.writes import WRITE_COLUMN, Writes, changing, distinct_partitions
 from sink.ordering import columns_of
 from sink.prepare import sql_string
@@ -129,10 +128,9 @@ class DeltaSparkTarget(DeltaTarget):
         if not (self._spark_writes_all() or (updates and self._spark_merges())):
             return super().commit(rows, key_cols, ordering, app_id, batch_id, custom_metadata, incoming_wins_ties,
                                   added_columns)
-        present = self.arrow_schema()
-        added = pending(added_columns, present)
-        writes = Writes(rows, with_added(present, added), list(key_cols), columns_of(ordering), self.partition_by,
-                        incoming_wins_ties, None)
+        added, schema = self._schema_adding(added_columns)
+        writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
+                        None)
         partitions = distinct_partitions(rows.filter(updating), self.partition_by) if updates else []
         source = self._spark_frame(upsert_source(writes) if updates else writes.table_rows())
         spec = UpsertSpec.of(writes, self._written_columns(writes.schema))
@@ -152,9 +150,7 @@ class DeltaSparkTarget(DeltaTarget):
                                          partial=partial, incoming_wins_ties=incoming_wins_ties, app_id=app_id,
                                          batch_id=batch_id, custom_metadata=custom_metadata,
                                          added_columns=added_columns)
-        present = self.arrow_schema()
-        added = pending(added_columns, present)
-        schema = with_added(present, added)
+        added, schema = self._schema_adding(added_columns)
         spec = UpsertSpec(schema, self._written_columns(schema), key_cols, ordering, self.partition_by,
                           incoming_wins_ties, partial)
         return self._commit_frame(source, partitions, updates, spec, added, app_id, batch_id, custom_metadata)
