@@ -1,4 +1,5 @@
-"""`python -m sink inspect | bootstrap | verify | contract | compact-tombstones --config conf/sink.toml`."""
+"""`python -m sink inspect | bootstrap | verify | contract | compact-tombstones | other-writers
+--config conf/sink.toml`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from sink.batch.other_writers import OtherWriters
 from sink.columns import distinct
 from sink.config import SinkConfig
 from sink.errors import SinkError
@@ -27,6 +30,7 @@ from sink.index.lifecycle import ShardSource, bootstrap
 from sink.index.loader import read_global, read_partition
 from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path, replica_spec
+from sink.keys import describe_key
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
 from sink.lakehouse.schema import plain_layouts
@@ -182,7 +186,8 @@ def _bar(shard: int):
 
 def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
     cfg = ctx.cfg
-    version = ctx.table.version()
+    # What other writers deleted is recorded before a replica loads at this version.
+    version = OtherWriters(cfg, cfg.resolved_writer_id).follow(ctx.table)
     spec = replica_spec(cfg.key, cfg.partition_by, cfg.ordering, cfg.scope)
     results = []
     for shard in range(num_shards):
@@ -255,13 +260,13 @@ def _verify_shard(cfg: SinkConfig, shard: int, of: int, path: Path) -> dict:
                         places.update(dict.fromkeys(entries, where))
                     if cfg.scd_type == 1:  # a history table's key lives in several partitions
                         problems += _misplaced(dict(zip(keys, (raw[entry_bytes:].decode() for raw in located))),
-                                               places)
+                                               places, cfg.key)
                 else:
                     keys, raws = read_partition(table, None, pid, cfg.key, cfg.ordering_columns, shard, of)
                     held.update(staged.get(pid, {}))
                 live = {k: Entry.of(v).ordering for k, v in zip(keys, unpack_many(raws, replica.width)[1].tolist())}
                 checked += len(held)
-                problems += _compare(pid, live, held, history=cfg.scd_type == 2)
+                problems += _compare(pid, live, held, cfg.key, history=cfg.scd_type == 2)
     return {"shard": shard, "of": of, "version": version, "entries_checked": checked,
             "mismatches": len(problems), "examples": problems[:10]}
 
@@ -283,30 +288,33 @@ def _caught_up(cfg: SinkConfig, replica: ShardReplica) -> tuple[int | None, dict
     return version + 1, replica.staging.staged()
 
 
-def _compare(pid: str, live: dict[bytes, int], held: dict, history: bool = False) -> list[str]:
-    """Mismatches of the table's keys (`live`: key -> ordering) and the replica's entries. A
-    history table (scd_type = 2) keeps a deleted key's versions, and its index answers only
-    whether a key is there: entries are checked for presence."""
+def _compare(pid: str, live: dict[bytes, int], held: dict, key_cols: Sequence[str], history: bool = False
+             ) -> list[str]:
+    """Mismatches of the table's keys (`live`: key -> ordering) and the replica's entries, keys
+    shown as the key columns' values. A history table (scd_type = 2) keeps a deleted key's
+    versions, and its index answers only whether a key is there: entries are checked for
+    presence."""
     out = []
     for key, ordering in live.items():
         entry = held.get(key)
+        shown = describe_key(key, key_cols)
         if entry is None:
-            out.append(f"{pid}: key {key!r} is in the table, not in the replica")
+            out.append(f"{pid}: key {shown} is in the table, not in the replica")
         elif history:
             continue
         elif entry.deleted:
-            out.append(f"{pid}: key {key!r} is in the table, deleted in the replica")
+            out.append(f"{pid}: key {shown} is in the table, deleted in the replica")
         elif entry.ordering != ordering:
-            out.append(f"{pid}: key {key!r} ordering {entry.ordering} in the replica, {ordering} in the table")
+            out.append(f"{pid}: key {shown} ordering {entry.ordering} in the replica, {ordering} in the table")
     for key, entry in held.items():
         if not entry.deleted and key not in live:
-            out.append(f"{pid}: key {key!r} is in the replica, not in the table")
+            out.append(f"{pid}: key {describe_key(key, key_cols)} is in the replica, not in the table")
     return out
 
 
-def _misplaced(live: dict[bytes, str], held: dict[bytes, str]) -> list[str]:
+def _misplaced(live: dict[bytes, str], held: dict[bytes, str], key_cols: Sequence[str]) -> list[str]:
     """Global scope: keys the replica places in another partition than the table's row."""
-    return [f"key {key!r} is in partition {pid} of the table, {held[key]} in the replica"
+    return [f"key {describe_key(key, key_cols)} is in partition {pid} of the table, {held[key]} in the replica"
             for key, pid in live.items() if key in held and held[key] != pid]
 
 
@@ -384,6 +392,27 @@ def _compact_tombstones(cfg: SinkConfig, as_json: bool) -> int:
     return 0
 
 
+# --- other-writers ----------------------------------------------------------------------------
+
+
+def _other_writers(ctx: Context, accept_unread: bool) -> int:
+    cfg = ctx.cfg
+    followed = OtherWriters(cfg, cfg.resolved_writer_id)
+    if accept_unread:
+        version = followed.accept_unread(ctx.table)
+        print(f"{cfg.table_uri}: recorded as followed up to version {version}; other writers' deletes before it that "
+              "the log no longer held are not remembered")
+        return 0
+    try:
+        version = followed.follow(ctx.table)
+    except SinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{cfg.table_uri}: other writers' commits followed up to version {version} (recorded in "
+          f"{cfg.resolved_tombstone_uri})")
+    return 0
+
+
 # --- entry point ------------------------------------------------------------------------------
 
 
@@ -395,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("verify", "compare replicas with the table; exit 1 on a mismatch, 2 on an unreadable replica"),
                        ("contract", "compare the table's recorded contract with the config; exit 1 when they differ"),
                        ("compact-tombstones", "shrink the tombstone table to one row per key, dropping deletes "
-                                              "older than tombstone_ttl_hours")]:
+                                              "older than tombstone_ttl_hours"),
+                       ("other-writers", "record what other writers' commits deleted (and RESTOREs undid), as the "
+                                         "next batch would; exit 1 when the sink cannot follow a commit")]:
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="TOML file with a [sink] table")
         p.add_argument("--sink", metavar="TABLE", help="with several [[sink]] tables: which, by its table_uri as "
@@ -412,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
         if name == "contract":
             p.add_argument("--rewrite", action="store_true",
                            help="record the config's contract (after checking the table's rows against it)")
+        if name == "other-writers":
+            p.add_argument("--accept-unread", action="store_true",
+                           help="record the table as it is now, without the commits the log no longer holds (their "
+                                "deletes are then not remembered)")
     args = parser.parse_args(argv)
     try:
         ctx = _context(args)
@@ -431,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     if args.command == "compact-tombstones":
         return _compact_tombstones(ctx.cfg, args.json)
+    if args.command == "other-writers":
+        return _other_writers(ctx, args.accept_unread)
     if args.command == "bootstrap":
         shards = args.num_shards or ctx.cfg.num_shards or recorded_num_shards(
             ctx.cfg.table_uri, ctx.table.version(), ctx.cfg.resolved_writer_id, ctx.cfg.partition_by)
@@ -439,7 +476,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ctx.cfg.resolved_writer_id!r} has no batch in {ctx.cfg.table_uri} yet; pass --num-shards N "
                   "(the job uses num_shards, else Spark's default parallelism)", file=sys.stderr)
             return 2
-        results = prewarm(ctx, shards, time.time())
+        try:
+            results = prewarm(ctx, shards, time.time())
+        except SinkError as e:  # another writer's commit the sink cannot follow
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         if args.json:
             print(json.dumps(results, indent=2))
         return 0

@@ -53,6 +53,11 @@ class SinkConfig:
     """Spark SQL boolean expression for records that must not be written (value rules the user
     knows, e.g. `"total_cents < 0"`): they go to quarantine with the reason
     `quarantine_when: <expression>` (a null result passes)."""
+    check_constraints: str = "quarantine"
+    """What happens to a record that would break one of the table's CHECK constraints (Delta's
+    `ALTER TABLE ... ADD CONSTRAINT`): `"quarantine"` sends it to quarantine with the reason
+    `CHECK constraint <name> (<expression>) violated` before anything is written; `"fail"` leaves
+    it to the engine, whose commit then fails the batch with Delta's error (Spark replays it)."""
     corrupt_record_column: str = "_corrupt_record"
     """Spark's corrupt-record column (the reader's `columnNameOfCorruptRecord`): when the stream has
     it, records where it is set (a value that did not parse as its type, which PERMISSIVE reading
@@ -103,6 +108,14 @@ class SinkConfig:
     batch name at most this many keys, is read for those keys alone instead of loaded (named
     again within `partition_ttl_hours`, it loads); 0 = always load. More keys than a handful in
     one batch: the partition is being written to, and loads at once."""
+    verify_fraction: float = 0.01
+    """Partitioned scope: before a batch is tagged, this share of its keys (at least one per
+    partition checked, in at most 4 partitions per shard) is read from the table and the
+    tombstone table and compared with the replica; a partition where they differ is logged at
+    ERROR, counted (`upsert_sink_index_verify_mismatches_total`) and reloaded before the batch is
+    tagged against it; 0 = off."""
+    verify_every_batches: int = 1
+    """Run the sampled verification (`verify_fraction`) on every N-th batch."""
     index_block_cache_bytes: int = 64 << 20
     """RocksDB block cache shared by the replicas of one process (bloom filters and a data-block
     hash index are always on)."""
@@ -143,9 +156,11 @@ class SinkConfig:
     changelog_retention_versions: int = 1000
     """Changelog entries of batches that read a version this much older than the latest are
     deleted."""
-    max_commit_retries: int = 3
+    max_commit_retries: int = 10
     """After another writer's commit got in first: commit again (or tag again, when it touched
-    the batch's partitions) this many times, then fail naming the other writer."""
+    the batch's partitions) this many times, then fail naming the other writer. Each retry
+    waits first, 0.2 s doubling up to 10 s, times a random factor from 0.5 to 1.5 (about 50 s
+    in all at the default), so two writers that keep meeting take turns."""
     commit_mode: str = "auto"
     """A batch with updated or deleted keys: `"auto"` rewrites the files holding them and commits
     the new files (falling back to MERGE, logged, on tables with features a rewrite cannot

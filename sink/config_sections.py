@@ -20,11 +20,13 @@ Engine = Literal["auto", "deltalake", "delta-spark"]
 Ties = Literal["incoming", "existing"]
 TagOn = Literal["auto", "executors", "driver"]
 SchemaEvolution = Literal["add_columns", "fail"]
+CheckConstraints = Literal["quarantine", "fail"]
 CommitMode = Literal["auto", "merge"]
 ScdType = Literal[1, 2]
 
 SCOPES, ENGINES, TIES, TAG_ON = get_args(Scope), get_args(Engine), get_args(Ties), get_args(TagOn)
 SCHEMA_EVOLUTION, COMMIT_MODES, SCD_TYPES = get_args(SchemaEvolution), get_args(CommitMode), get_args(ScdType)
+CHECK_CONSTRAINTS = get_args(CheckConstraints)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class StreamSection:
     ignore_null_updates: bool
     ties: Ties
     schema_evolution: SchemaEvolution
+    check_constraints: CheckConstraints
 
     @property
     def incoming_wins_ties(self) -> bool:
@@ -89,6 +92,7 @@ class StreamSection:
     def of(cls, cfg: SinkConfig) -> StreamSection:
         require_choice("ties", cfg.ties, TIES)
         require_choice("schema_evolution", cfg.schema_evolution, SCHEMA_EVOLUTION)
+        require_choice("check_constraints", cfg.check_constraints, CHECK_CONSTRAINTS)
         if cfg.delete_when is not None:
             require_str("delete_when", cfg.delete_when)
         if cfg.quarantine_when is not None:
@@ -99,7 +103,7 @@ class StreamSection:
                               "column; it names Spark's column for the raw text of records that did not parse")
         require_bool("ignore_null_updates", cfg.ignore_null_updates)
         return cls(cfg.delete_when, cfg.quarantine_when, cfg.corrupt_record_column, cfg.ignore_null_updates, cfg.ties,
-                   cfg.schema_evolution)
+                   cfg.schema_evolution, cfg.check_constraints)
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,8 @@ class IndexSection:
     cross_partition_check: int
     peek_max_keys: int
     block_cache_bytes: int
+    verify_fraction: float
+    verify_every_batches: int
 
     @classmethod
     def of(cls, cfg: SinkConfig) -> IndexSection:
@@ -132,6 +138,8 @@ class IndexSection:
         require_int("cross_partition_check", cfg.cross_partition_check, 0, 10_000_000)
         require_int("peek_max_keys", cfg.peek_max_keys, 0, 1_000_000)
         require_int("index_block_cache_bytes", cfg.index_block_cache_bytes, 1 << 20, 1 << 40)
+        require_fraction("verify_fraction", cfg.verify_fraction)
+        require_int("verify_every_batches", cfg.verify_every_batches, 1, 1_000_000)
         if cfg.index_max_bytes is not None:
             require_int("index_max_bytes", cfg.index_max_bytes, 1, 2**62)
             if cfg.scope == "global":
@@ -141,7 +149,12 @@ class IndexSection:
         date = tuple(cfg.partition_date) if isinstance(cfg.partition_date, list) else cfg.partition_date
         return cls(cfg.index_dir, cfg.num_shards, cfg.bootstrap_days, cfg.partition_ttl_hours, date,
                    cfg.partition_date_format, cfg.tiering_column, cfg.index_max_bytes, cfg.hot_cache_entries,
-                   cfg.resident_keys, cfg.cross_partition_check, cfg.peek_max_keys, cfg.index_block_cache_bytes)
+                   cfg.resident_keys, cfg.cross_partition_check, cfg.peek_max_keys, cfg.index_block_cache_bytes,
+                   float(cfg.verify_fraction), cfg.verify_every_batches)
+
+    def verifies(self, batch_id: int) -> float:
+        """The share of batch `batch_id`'s keys the sampled verification checks (0: none)."""
+        return self.verify_fraction if batch_id % self.verify_every_batches == 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -292,6 +305,11 @@ def require_hours(name: str, value: object, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value * 3600 <= high * 3600:
         raise ConfigError(f"{name} must be a number of hours from 1/3600 (one second) to {high}, fractions "
                           f"allowed (0.5 = 30 minutes), got {value!r}")
+
+
+def require_fraction(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{name} must be a number from 0 (off) to 1 (every key), got {value!r}")
 
 
 def require_int(name: str, value: object, low: int, high: int) -> None:

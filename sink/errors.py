@@ -51,3 +51,9 @@ class UnsupportedTableError(SinkError):
 
 class DeltaJarsError(SinkError):
     """Spark could not start with Delta's Spark engine: its jars did not resolve."""
+
+
+class OtherWriterCommitError(SinkError):
+    """Another writer's commit cannot be followed exactly (a RESTORE to a version the sink
+    cannot place, log entries gone before the sink read them): refused before writing, naming
+    the commit."""

@@ -32,7 +32,7 @@ from sink import columns as C
 from sink import keys
 from sink.arrival import arrival
 from sink.errors import ReplicaLostError
-from sink.index import changelog, history_locations, registry, worker_replicas
+from sink.index import changelog, history_locations, registry, verification, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import ordering_names
 from sink.index.lifecycle import (
@@ -44,7 +44,6 @@ from sink.index.lifecycle import (
     peek_partitions,
     table_partitions,
 )
-from sink.index.loader import read_changes
 from sink.index.registry import wipe_damaged
 from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path
@@ -173,11 +172,7 @@ class LazySource:
 def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource, shard: int,
                     stats: TaskStats) -> None:
     """Catch the replica up to the batch's table version; bootstrap it if it was emptied."""
-    changes = own_changes = None
-    if ctx.change_data_feed:
-        def changes(v: int):
-            return read_changes(source.get().table, v, ctx.table.key, ctx.table.partition_by, ctx.table.ordering,
-                                shard, ctx.num_shards)
+    own_changes = None
     if ctx.changelog_uri:
         def own_changes(read_version: int, batch: int):
             header = dataclasses.replace(ctx.changelog_header(), batch_id=batch)
@@ -185,7 +180,7 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource,
     report = catch_up(
         replica, ctx.table_version,
         lambda v: read_commit(ctx.table.table_uri, v, list(ctx.table.partition_by)),
-        ctx.writer_id, shard, changes, own_changes, ctx.num_shards,
+        ctx.writer_id, shard, own_changes, ctx.num_shards,
     )
     stats.commits_read += report.commits_read
     stats.invalidated += len(report.invalidated)
@@ -229,12 +224,17 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
         stats.replicas_repaired += replica.repaired is not None
         prepare_replica(ctx, replica, source, shard, stats)
         clock.lap("catch_up")
+        held = set(replica.partitions())  # before this task's loads: those are fresh from the tables
         needed, everywhere, peeked = _hold(ctx, replica, source, pids, rows.column(C.KEY), unplaced.any(), stats)
         clock.lap("load")
         if unplaced.any():
             rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
             needed = list(dict.fromkeys([*needed, *pc.unique(pids).to_pylist()]))
             clock.lap("place")
+        fraction = ctx.index.verifies(ctx.batch_id) if not located and not ctx.history else 0.0
+        if fraction:
+            _verify(ctx, replica, source, shard, pids, rows.column(C.KEY), held - set(peeked), fraction, stats)
+            clock.lap("verify")
         replica.touch(needed, ctx.now)
         orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.table.ordering))]
         inputs = (rows.column(C.KEY).combine_chunks(), pids, orderings, rows.column(C.DELETE).combine_chunks(),
@@ -431,6 +431,30 @@ def _with_peeked(lookup, peeked: Mapping[str, Mapping[bytes, bytes]], stats: Tas
         return raws
 
     return answered
+
+
+def _verify(ctx: TaskContext, replica: ShardReplica, source: LazySource, shard: int, pids: pa.Array,
+            keys_: pa.Array, among: set[str], fraction: float, stats: TaskStats) -> None:
+    """The sampled verification (sink.index.verification) of the records' keys in partitions
+    `among` (held before this task loaded anything): partitions where the replica disagrees
+    with the tables are logged, dropped and loaded again before tagging."""
+    wanted = verification.sample(pids.to_pylist(), pc.cast(keys_, pa.binary()).to_pylist(), among, fraction,
+                                 seed=ctx.batch_id * 4099 + shard)
+    if not wanted:
+        return
+    found = verification.check(wanted, replica.peek, source.get().peek, ctx.expire_before,
+                               lambda k: keys.describe_key(k, ctx.table.key))
+    stats.verified_keys += found.keys
+    if not found.drifted:
+        return
+    stats.verify_mismatches += found.mismatches
+    stats.verify_examples += found.examples
+    log.error("shard %s of %s at version %s: the replica disagrees with the table on %s of %s key(s) checked, "
+              "e.g. %s; reloading partition(s) %s", shard, ctx.table.table_uri, ctx.table_version, found.mismatches,
+              found.keys, "; ".join(found.examples), found.drifted)
+    for pid in found.drifted:
+        replica.drop_partition(pid, invalidated=True)
+    _load_missing(ctx, replica, source, found.drifted, stats)
 
 
 def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str],

@@ -17,6 +17,7 @@ from sink.batch.checks import Checks
 from sink.batch.commit import CommitPhase, history_batch
 from sink.batch.driver_tagger import DriverTagger
 from sink.batch.executor_tagger import ExecutorTagger
+from sink.batch.other_writers import OtherWriters
 from sink.batch.prepare import PreparePhase, num_shards
 from sink.batch.side_tables import SideTables
 from sink.batch.state import BatchState
@@ -55,6 +56,7 @@ class UpsertSink:
         self._instance = uuid.uuid4().hex  # tables kept open for this object (sink.lakehouse.open_tables)
         self._checks = Checks(self.config, config, self._target, self.writer_id)
         self._side_tables = SideTables(self.config, config, self.writer_id, self._instance)
+        self._other_writers = OtherWriters(self.config, self.writer_id)
         self._pipeline: Pipeline | None = None
         file_cache.WRITTEN.resize(config.file_cache_bytes)
         if not _connect_client():  # else the server's foreachBatch worker serves them (`_pipeline_for`)
@@ -129,9 +131,10 @@ class UpsertSink:
             history = partial(history_batch, cfg, self._checks.history_columns)
             tagger = (DriverTagger(cfg, self._side_tables) if on_driver else
                       ExecutorTagger(cfg, self._target, self._side_tables, self.writer_id, history, session))
-            tag = TagPhase(cfg, self._target, tagger, self.writer_id, self._instance)
+            tag = TagPhase(cfg, self._target, tagger, self.writer_id, self._instance, self._other_writers)
             self._pipeline = Pipeline(session, PreparePhase(cfg, session, on_driver), tag,
-                                      CommitPhase(cfg, self._target, self.writer_id, tag.run, history))
+                                      CommitPhase(cfg, self._target, self.writer_id, tag.run, history,
+                                                  self._other_writers))
             log.info("tagging on the %s (tag_on = %r, %s session)", "driver" if on_driver else "executors",
                      cfg.tag_on, session.name)
         return self._pipeline
@@ -142,6 +145,11 @@ class UpsertSink:
             metrics.publish(self.writer_id, report)
         metrics.observe_phase(self.writer_id, "metrics", report.phases["metrics"])
         self.reports.append(report)
+        if report.verify_mismatches:
+            log.error("batch %s: the index disagreed with the table on %s of %s key(s) checked (verify_fraction), "
+                      "e.g. %s; those partitions were reloaded before the batch was tagged. The index drifted from "
+                      "the table: please report it with this line", report.batch_id, report.verify_mismatches,
+                      report.verified_keys, "; ".join(report.verify_examples[:3]))
         log.info("upsert batch %s", report.summary())
 
 

@@ -141,6 +141,28 @@ def encode_keys(table: pa.Table, key_cols: Sequence[str]) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, "")
 
 
+def decode_key(encoded: bytes, key_cols: Sequence[str]) -> dict[str, str]:
+    """The key columns' values, as text, of an encoded key (the inverse of `encode_keys`)."""
+    text = encoded.decode()
+    if len(key_cols) == 1:
+        return {key_cols[0]: text}
+    values, at = {}, 0
+    for c in key_cols:
+        colon = text.index(":", at)
+        length = int(text[at:colon])
+        values[c] = text[colon + 1:colon + 1 + length]
+        at = colon + 1 + length
+    return values
+
+
+def describe_key(encoded: bytes, key_cols: Sequence[str]) -> str:
+    """An encoded key as its columns' values, for messages: `id='k1'`, `tenant='a', id='7'`."""
+    try:
+        return ", ".join(f"{c}={v!r}" for c, v in decode_key(encoded, key_cols).items())
+    except (ValueError, UnicodeDecodeError):  # not of this key spec
+        return repr(encoded)
+
+
 def shard_of(key: bytes, num_shards: int) -> int:
     """Shard of one encoded key (`shards_of`)."""
     return shards_of(pa.array([key], pa.binary()), num_shards)[0].as_py()

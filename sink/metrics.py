@@ -53,6 +53,15 @@ WITHOUT_PARTITION = Counter(
     "holding their key, deletes of unknown keys, and, quarantined, ambiguous deletes and upserts",
     [*_LABEL, "outcome"],
 )
+VERIFIED_KEYS = Counter(
+    "upsert_sink_index_verified_keys", "Keys the sampled verification compared between a replica and the tables",
+    _LABEL,
+)
+VERIFY_MISMATCHES = Counter(
+    "upsert_sink_index_verify_mismatches",
+    "Keys on which a replica disagreed with the tables (sampled verification); their partitions were reloaded",
+    _LABEL,
+)
 LOAD_FAILURES = Counter(
     "upsert_sink_index_load_failures", "Batches failed by a partition that would not load", _LABEL
 )
@@ -132,7 +141,8 @@ def start(sink: str, ops: Iterable[str]) -> None:
     the record outcomes), at 0 from the start: a rate or increase() alert needs the series to
     exist before its first increment, and a process's first batch is often the one that matters."""
     for counter in (LOAD_FAILURES, BATCHES_SKIPPED, COMMIT_RETRIES, REPLICAS_REPAIRED, KEYS_IN_SEVERAL_PARTITIONS,
-                    KEYS_IN_OTHER_PARTITION, EVICTIONS, SHARD_MOVES, CHANGELOG_APPLIED, PARTITION_PEEKS):
+                    KEYS_IN_OTHER_PARTITION, EVICTIONS, SHARD_MOVES, CHANGELOG_APPLIED, PARTITION_PEEKS, VERIFIED_KEYS,
+                    VERIFY_MISMATCHES):
         counter.labels(sink)
     for mode in COMMIT_KINDS:
         COMMITS.labels(sink, mode)
@@ -173,6 +183,8 @@ def publish(sink: str, report) -> None:
     for outcome, n in report.without_partition.items():
         WITHOUT_PARTITION.labels(sink, outcome).inc(n)
     CHANGELOG_APPLIED.labels(sink).inc(report.changelog_applied)
+    VERIFIED_KEYS.labels(sink).inc(report.verified_keys)
+    VERIFY_MISMATCHES.labels(sink).inc(report.verify_mismatches)
     if any(report.partition_loads.values()):
         LATEST_LOAD_SECONDS.labels(sink).set(report.load_seconds)
     COMMIT_RETRIES.labels(sink).inc(report.retries)

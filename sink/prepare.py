@@ -129,10 +129,12 @@ def sql_string(value: str) -> str:
 NULL_PARTITION = "null partition column"
 
 
-def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
+def quarantine_reason(cfg: SinkConfig, schema: StructType, constraints: Mapping[str, str] = {}) -> str:
     """SQL for why a record cannot be written (NULL when it can), first failing check wins.
     An empty string partition value is refused too: Delta stores it as NULL, so the row
-    would not come back under the value it was written with."""
+    would not come back under the value it was written with. `constraints`: the table's CHECK
+    constraints (name -> expression) an upsert must meet, false or null breaking one, as Delta
+    checks them."""
     col = keys.quoted_column
     checks = []
     if cfg.corrupt_record_column in schema.fieldNames():
@@ -153,6 +155,9 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType) -> str:
     checks += [(f"{col(c)} IS NULL", f"null ordering column {c}") for c in stream_ordering(cfg)]
     if cfg.quarantine_when:
         checks.append((f"coalesce(({cfg.quarantine_when}), false)", f"quarantine_when: {cfg.quarantine_when}"))
+    for name, expr in constraints.items():
+        checks.append((f"NOT {_delete_sql(cfg)} AND NOT coalesce(({expr}), false)",
+                       f"CHECK constraint {name} ({expr}) violated"))
     whens = " ".join(f"WHEN {failed} THEN {sql_string(why)}" for failed, why in checks)
     return f"CASE {whens} ELSE CAST(NULL AS STRING) END"
 
@@ -168,14 +173,15 @@ def _delete_sql(cfg: SinkConfig) -> str:
 
 
 def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int, *, file_column: str | None = None,
-            with_key: bool = True) -> DataFrame:
+            with_key: bool = True, constraints: Mapping[str, str] = {}) -> DataFrame:
     """Add the helper columns: scan sequence and input file, quarantine reason, encoded key, shard,
     ordering values as BIGINT (one per ordering column) and the delete flag. One selectExpr:
     building the plan column by column costs a py4j round trip per expression (~0.05 s a batch).
     `with_key=False` leaves the encoded key out, for a batch collected as Arrow, where
     `keys.encode_keys` makes it from the key columns at a fraction of Spark's cost to compute
     and ship it (a single string key is the key column itself). `file_column`: SQL for the
-    record's input file (`SessionKind.file_column`); None leaves it out, for a batch not tagged."""
+    record's input file (`SessionKind.file_column`); None leaves it out, for a batch not tagged.
+    `constraints`: the table's CHECK constraints upserts are quarantined for breaking."""
     key_expr = keys.spark_key_expr(cfg.key)
     orderings = [f"{keys.spark_ordering_expr(c, df.schema[c].dataType.typeName())} AS {helper}"
                  for c, helper in zip(cfg.ordering_columns, helper_columns(len(cfg.ordering_columns)))]
@@ -185,7 +191,7 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int, *, file_column: str
         "*",
         f"monotonically_increasing_id() AS {C.SEQ}",
         *([f"{file_column} AS {C.FILE}"] if file_column else []),
-        f"{quarantine_reason(cfg, df.schema)} AS {C.REASON}",
+        f"{quarantine_reason(cfg, df.schema, constraints)} AS {C.REASON}",
         *([f"{key_expr} AS {C.KEY}"] if with_key else []),
         f"{keys.spark_shard_expr(key_expr, num_shards)} AS {C.SHARD}",
         *orderings,

@@ -15,14 +15,15 @@ from sink.placement import PLACEMENTS, WITHOUT_PARTITION
 from sink.tagging import UPDATE
 from sink.task_stats import LOAD_REASONS, TAG_STEPS, TaskStats
 
-# Where a batch's time goes, in order. checks: schema, contract and replay checks; prepare:
+# Where a batch's time goes, in order. checks: schema, contract and replay checks;
+# other_writers: other writers' commits since the last batch recorded (sink.batch.other_writers); prepare:
 # planning the routed records; collect: the records into the driver (tag_on = "driver"), while
 # the replicas kept open catch up;
 # tag: the tagging job (executors: route, shuffle, tagging tasks, writing tasks and collect in
 # one Spark job) or threads; split: tags, counts and signals read from the output; changelog:
 # the index changelog's retention (its entries are written by the tagging tasks).
-PHASES = ("checks", "prepare", "collect", "tag", "split", "quarantine", "tombstones", "commit", "changelog",
-          "metrics")
+PHASES = ("checks", "other_writers", "prepare", "collect", "tag", "split", "quarantine", "tombstones", "commit",
+          "changelog", "metrics")
 
 
 
@@ -65,6 +66,11 @@ class BatchReport:
     # changelog entries they applied to catch up.
     shard_moves: int = 0
     changelog_applied: int = 0
+    # The sampled verification (verify_fraction): keys checked, those the replica and the tables
+    # disagreed on (their partitions reloaded before tagging), and examples.
+    verified_keys: int = 0
+    verify_mismatches: int = 0
+    verify_examples: list[str] = field(default_factory=list)
     evicted: int = 0
     partitions_held: int = 0
     cached_records: int = 0
@@ -138,6 +144,9 @@ class BatchReport:
             self.without_partition[outcome] = sum(s.without_partition[outcome] for s in stats_rows)
         self.without_partition["upsert"] = sum(s.upserts_without_partition for s in stats_rows)
         self.keys_in_several_partitions = sum(s.keys_in_several_partitions for s in stats_rows)
+        self.verified_keys = sum(s.verified_keys for s in stats_rows)
+        self.verify_mismatches = sum(s.verify_mismatches for s in stats_rows)
+        self.verify_examples = [e for s in stats_rows for e in s.verify_examples]
 
     def record_history(self, ops: dict[str, int], written: int, replaced: int, changes: dict[str, int]) -> None:
         """A history batch's counts: its events (insert, update, delete; the tagging tasks'
@@ -154,7 +163,9 @@ class BatchReport:
             f"superseded={o['superseded']} quarantined={o['quarantined']} "
             f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
             f"peeks={self.partition_peeks} "
-            f"moves={self.shard_moves} mode={self.mode} "
+            f"moves={self.shard_moves} verified={self.verified_keys} "
+            + (f"verify_mismatches={self.verify_mismatches} " if self.verify_mismatches else "")
+            + f"mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
             f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "
             f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "

@@ -38,7 +38,6 @@ class TaskContext:
     output_schema: pa.Schema
     now: float  # the driver's clock at batch start (TTLs, access times, deletes' stamps)
     driver_local_dir: str | None = None  # spark.local.dir as the driver sees it
-    change_data_feed: bool = False  # the table has delta.enableChangeDataFeed on
     keep_open: bool = False  # tagging in the driver: replicas stay open between batches
     changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
     # The batch's input files, oldest first; None: each task orders its own (sink.arrival).

@@ -12,9 +12,10 @@ from sink.placement import PLACEMENTS
 # Where a tagging task's time goes, in order: opening the replica, catching it up, loading
 # partitions, placing deletes without a partition, building the inputs, index lookups,
 # classifying, the cross-partition check, staging the changes, eviction and size gauges,
-# closing (flushing) the replica, building the output.
-TAG_STEPS = ("open", "catch_up", "load", "place", "inputs", "lookup", "classify", "cross_check", "stage", "upkeep",
-             "close", "output")
+# closing (flushing) the replica, building the output; verify: the sampled verification
+# (sink.index.verification), reloads of what it found drifted included.
+TAG_STEPS = ("open", "catch_up", "load", "place", "verify", "inputs", "lookup", "classify", "cross_check", "stage",
+             "upkeep", "close", "output")
 
 # Why partitions load: a new replica's hot window, first use, or a commit that changed them.
 LOAD_REASONS = ("bootstrap", "on_demand", "invalidated")
@@ -53,6 +54,11 @@ class TaskStats:
     cross_partition_keys: int = 0
     cross_partition_example: list | None = None
     without_partition: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PLACEMENTS, 0))
+    # The sampled verification: keys checked, those the replica and the tables disagreed on,
+    # and examples (sink.index.verification).
+    verified_keys: int = 0
+    verify_mismatches: int = 0
+    verify_examples: list[str] = field(default_factory=list)
     # The records' outcomes (sink.outcomes.summary), once the task tagged any.
     ops: dict[str, int] | None = None
     hits: int = 0

@@ -173,3 +173,51 @@ def taken_back(index_dir: str | Path) -> None:
         view.close()
         if spec is not None:
             ShardReplica.open(path, spec).close()
+
+
+class TableModel:
+    """The table as the documented rules make it, step by step: the stream's records (per
+    (dt, id) the highest ordering wins, a later record on a tie, a delete leaves a tombstone);
+    another writer's commits (a row it removed is deleted at that row's ordering, a row it
+    wrote stands as written); a RESTORE (the model as it was at that version)."""
+
+    def __init__(self):
+        self.state: dict[tuple[str, str], Event] = {}  # the winner per key; op "d": a tombstone
+        self._at: dict[int, dict[tuple[str, str], Event]] = {}
+
+    def batch(self, events: list[Event]) -> None:
+        for e in events:
+            if e.id is None or e.dt is None or e.ts is None:
+                continue
+            held = self.state.get((e.dt, e.id))
+            if held is None or e.ts >= held.ts:
+                self.state[(e.dt, e.id)] = e
+
+    def written(self, rows: list[Event]) -> None:
+        """Another writer wrote these rows (an UPDATE, a MERGE, an INSERT): they stand."""
+        for e in rows:
+            self.state[(e.dt, e.id)] = e
+
+    def removed(self, keys) -> None:
+        """Another writer removed these keys' rows: deleted at the removed row's ordering."""
+        for key in keys:
+            held = self.state.get(key)
+            if held is not None and held.op != "d":
+                self.state[key] = held._replace(op="d")
+
+    def live(self) -> dict[tuple[str, str], Event]:
+        return {k: e for k, e in self.state.items() if e.op != "d"}
+
+    def rows(self) -> list[dict]:
+        return sorted((e._asdict() for e in self.live().values()), key=lambda r: (r["dt"], r["id"]))
+
+    def remember(self, version: int) -> None:
+        """The model as the table is at `version` (a RESTORE may bring it back)."""
+        self._at[version] = dict(self.state)
+
+    def versions(self) -> list[int]:
+        """The versions remembered, oldest first."""
+        return sorted(self._at)
+
+    def restore(self, version: int) -> None:
+        self.state = dict(self._at[version])

@@ -86,6 +86,12 @@ def test_verify_finds_missing_extra_and_wrong_entries(setup, capsys):
     result = json.loads(out.out)
     assert result["ok"] is False
     assert [s["mismatches"] for s in result["shards"]] == [3, 0]
+    # Keys as the key columns' values, not the index's encoding.
+    assert sorted(result["shards"][0]["examples"]) == sorted([
+        f"{pid}: key id={mine[0].decode()!r} is in the table, not in the replica",
+        f"{pid}: key id={mine[1].decode()!r} ordering {held[mine[1]].ordering} in the replica, "
+        f"{held[mine[1]].ordering - 1} in the table",
+        f"{pid}: key id='ghost' is in the replica, not in the table"])
 
 
 def test_errors_are_clear(tmp_path, capsys):

@@ -17,6 +17,7 @@ from sink.errors import ContractMismatchError, SchemaError, WriterIdReusedError
 from sink.history import HISTORY_COLUMNS, RUN_EVENTS, HistoryColumns, history_fields
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.engine import DeltaEngine
+from sink.lakehouse.features import check_constraints
 from sink.lakehouse.schema import added_columns, check_history_columns, pending
 from sink.prepare import validate_stream, with_hidden_ordering
 from sink.session import session_kind
@@ -47,6 +48,8 @@ class Checks:
         self._target.check_writable()
         self._check_contract()
         state.added = self.added_columns(batch_df)
+        if cfg.check_constraints == "quarantine":
+            state.constraints = check_constraints(self._target.table)
         state.committed = self._target.transaction_version(self._writer_id)
         if state.added:
             log.warning("batch %s adds column(s) %s to %s (schema_evolution = 'add_columns')", state.batch_id,
@@ -146,6 +149,10 @@ class Checks:
                               f"{list(cfg.partition_by)}: they must be the same")
         recorded = self._target.contract()
         if recorded is None:
+            log.warning("%s has no sink contract yet: recording it in the table's properties (%s), one SET "
+                        "TBLPROPERTIES commit; a sink started later with another key, partitioning, ordering or "
+                        "scope is refused", cfg.table_uri,
+                        ", ".join(f"{k} = {v}" for k, v in self.contract.properties().items()))
             self._target.record_contract(self.contract)
         elif recorded != self.contract:
             raise ContractMismatchError(

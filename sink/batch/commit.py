@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from sink import columns as C
 from sink import keys
+from sink.batch.other_writers import OtherWriters
 from sink.batch.retry import CommitRetries
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
@@ -27,7 +28,12 @@ from sink.history import HistoryColumns
 from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, rows_in
 from sink.lakehouse.engine import DeltaEngine
-from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY
+from sink.lakehouse.log import (
+    NUM_SHARDS_PROPERTY,
+    OTHER_WRITERS_SEEN_PROPERTY,
+    READ_VERSION_PROPERTY,
+    SHARDS_PROPERTY,
+)
 from sink.lakehouse.predicates import quote_ident
 from sink.lakehouse.schema import pending, with_added
 from sink.moves import keep_stored_values, placed
@@ -136,9 +142,11 @@ class CommitPhase:
     """Commits the batch; after a conflict, commits again or has it tagged again (`retag`), as
     the retry policy says."""
 
-    def __init__(self, config: SinkConfig, target: DeltaEngine, writer_id: str, retag, history_batch):
+    def __init__(self, config: SinkConfig, target: DeltaEngine, writer_id: str, retag, history_batch,
+                 other_writers: OtherWriters):
         self._config = config
         self._target = target
+        self._other_writers = other_writers
         self._retag = retag  # (state) -> None: the tag phase, run again
         self._records = RecordsCommit(config, target, writer_id)
         self._written = WrittenCommit(target, writer_id)
@@ -169,6 +177,8 @@ class CommitPhase:
             except CommitFailedError as e:
                 self._target.refresh()
                 landed = self._target.commits_since(snapshot)
+                # Recorded before the batch commits on top of them, or is tagged against them.
+                state.other_writers_seen = self._other_writers.follow(self._target.table)
                 retry = retries.after_conflict(batch_id=state.batch_id, attempt=attempt, landed=landed,
                                                batch_partitions=state.tagged.partitions.to_pylist(), error=e)
                 report.retries += 1
@@ -188,4 +198,4 @@ def commit_metadata(state: BatchState) -> dict[str, str]:
     """What the commit records of the batch: its shards, their number, the version it read."""
     ctx = state.ctx
     return {SHARDS_PROPERTY: ",".join(map(str, state.tagged.shards)), NUM_SHARDS_PROPERTY: str(ctx.num_shards),
-            READ_VERSION_PROPERTY: str(ctx.table_version)}
+            READ_VERSION_PROPERTY: str(ctx.table_version), OTHER_WRITERS_SEEN_PROPERTY: str(state.other_writers_seen)}

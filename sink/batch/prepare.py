@@ -21,7 +21,7 @@ class PreparePhase:
             state.num_shards = num_shards(cfg, self._session)
             # The driver encodes the keys itself, after the collect.
             state.prepared = prepare(df, cfg, state.num_shards, file_column=self._session.file_column,
-                                     with_key=not self._on_driver)
+                                     with_key=not self._on_driver, constraints=state.constraints)
             state.out_schema = tagged_schema(df.schema, len(cfg.ordering_columns))
             state.files = self._session.batch_file_order(df)
 

@@ -38,6 +38,9 @@ class BatchState:
     # Checks: the columns the batch adds to the table, and this writer's last batch in it.
     added: list[pa.Field] = field(default_factory=list)
     committed: int | None = None
+    # The table's CHECK constraints the batch's upserts are quarantined for breaking (name ->
+    # expression; none with check_constraints = "fail").
+    constraints: dict[str, str] = field(default_factory=dict)
     # Prepare: the records routed and checked, the shape of the tagging output, the input
     # files in arrival order.
     num_shards: int = 0
@@ -47,6 +50,8 @@ class BatchState:
     # Tag: the tasks' context (None: to build, at the first attempt or after a conflict that
     # touched the batch's partitions), the tagged batch, and whether its tombstones are written.
     ctx: TaskContext | None = None
+    # The table version up to which other writers' commits are recorded (sink.batch.other_writers).
+    other_writers_seen: int | None = None
     attempt: int = 0
     tagged: TaggedBatch | None = None
     # The writes, cached where the executors tagged them, when a Spark MERGE reads them there.

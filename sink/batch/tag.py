@@ -12,9 +12,9 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sink import columns as C
+from sink.batch.other_writers import OtherWriters
 from sink.batch.state import BatchState, TaggedBatch
 from sink.config import SinkConfig
-from sink.index.loader import has_change_data_feed
 from sink.lakehouse.engine import DeltaEngine
 from sink.report import BatchReport
 from sink.task_context import TaskContext, task_context
@@ -46,16 +46,21 @@ class Tagger(Protocol):
 
 
 class TagPhase:
-    def __init__(self, config: SinkConfig, target: DeltaEngine, tagger: Tagger, writer_id: str, instance: str):
+    def __init__(self, config: SinkConfig, target: DeltaEngine, tagger: Tagger, writer_id: str, instance: str,
+                 other_writers: OtherWriters):
         self._config = config
         self._target = target
         self.tagger = tagger
         self._writer_id = writer_id
         self._instance = instance
+        self._other_writers = other_writers
 
     def run(self, state: BatchState) -> None:
         report = state.report
         if state.ctx is None:  # the table was refreshed by the checks, or after a conflict
+            with report.timed("other_writers"):
+                # Before any replica catches up to this version: what they reload must hold it.
+                state.other_writers_seen = self._other_writers.follow(self._target.table)
             with report.timed("prepare"):
                 state.ctx = self._context(state)
         due = state.attempt == 0 and bool(self._config.delete_when)
@@ -73,7 +78,7 @@ class TagPhase:
             batch_id=state.batch_id, num_shards=state.num_shards,
             output_schema=to_arrow_schema(state.out_schema, timezone="UTC"), now=state.now,
             driver_local_dir=state.batch_df.sparkSession.conf.get("spark.local.dir", None),
-            change_data_feed=has_change_data_feed(target.table), keep_open=self.tagger.on_driver,
+            keep_open=self.tagger.on_driver,
             changelog_uri=self.tagger.changelog_uri, file_order=state.files,
             write_files=self.tagger.writes_files(target), merge_source=self.tagger.leaves_writes_on_executors(target),
             sink_instance=self._instance,

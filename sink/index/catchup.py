@@ -7,14 +7,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from sink.index.entry import Entry
 from sink.index.replica import ShardReplica
 from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, CommitSummary
 
 ReadCommit = Callable[[int], CommitSummary | None]
-# Row-level changes of one commit for this shard (partition id -> key -> entry), or None
-# when the table has no change data feed for it.
-ReadChanges = Callable[[int], dict[str, dict[bytes, Entry]] | None]
 # This shard's index entries (CHANGES_SCHEMA) of one of this writer's batches, from the
 # changelog: (version the batch was tagged against, batch id) -> entries, or None when the
 # changelog does not have them.
@@ -26,7 +22,6 @@ class CatchUpReport:
     commits_read: int = 0
     promoted: int = 0
     invalidated: set[str] = field(default_factory=set)
-    applied: int = 0  # entries taken from the change data feed
     changelog_applied: int = 0  # entries taken from the index changelog
     # This writer's batches for this shard that were tagged on another executor.
     moved_batches: int = 0
@@ -39,7 +34,6 @@ def catch_up(
     read_commit: ReadCommit,
     writer_id: str,
     shard: int,
-    read_changes: ReadChanges | None = None,
     read_changelog: ReadChangelog | None = None,
     num_shards: int | None = None,
 ) -> CatchUpReport:
@@ -48,13 +42,12 @@ def catch_up(
     This writer's commits (same writer id and shard count): the one carrying the batch
     staged here, tagged against the same table version, promotes it; one whose batch had
     no records in this shard changes nothing; one whose batch was tagged elsewhere
-    applies this shard's entries from the changelog. Every other commit, or one of ours
-    the changelog lacks, drops the partitions it touched (they reload on demand, with
-    the tombstone table) — or, for a commit by a writer that is not a sink, on a table
-    with a change data feed, applies its row-level changes: a deleted row then leaves a
-    tombstone at its own ordering value, the newest the log knows of that key. A missing log entry, or a
-    replica ahead of the target, empties the replica. Whatever is still staged at the
-    end belongs to a batch that did not land and is discarded.
+    applies this shard's entries from the changelog. Every other commit (another writer's,
+    a RESTORE), or one of ours the changelog lacks, drops the partitions it touched: they
+    reload on demand from the table and the tombstone table, which holds what other writers
+    deleted (sink.batch.other_writers), so a reload and a replica that never left give the
+    same answers. A missing log entry, or a replica ahead of the target, empties the replica.
+    Whatever is still staged at the end belongs to a batch that did not land and is discarded.
     """
     report = CatchUpReport()
     current = replica.version
@@ -79,15 +72,7 @@ def catch_up(
             report.rebuilt = f"commit {version} changed the table's metadata or lacks partition values"
             replica.drop_all()
             continue
-        held = replica.keyspaces.held_of(commit.partitions)
-        # The feed's deletes carry the deleted row's ordering, not the delete record's: good
-        # enough for a writer that is not a sink (nothing better is known), too weak for a
-        # sink's deletes, whose exact ordering a reload takes from the tombstone table.
-        changes = read_changes(version) if held and read_changes and not commit.by_sink else None
-        if changes is not None:
-            report.applied += replica.staging.put_changes(changes)
-            continue
-        for pid in held:
+        for pid in replica.keyspaces.held_of(commit.partitions):
             replica.drop_partition(pid, invalidated=True)
             report.invalidated.add(pid)
     replica.discard_staged()

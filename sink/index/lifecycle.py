@@ -70,7 +70,7 @@ class ShardSource:
         """Packed entries of the `wanted` keys (encoded) in partition `pid`, as a load of it
         would hold them, read without loading it."""
         found, raws = read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
-                                     self.num_shards, wanted)
+                                     self.num_shards, wanted, self.history)
         return dict(zip(found, raws))
 
     def read(self, pid: str) -> Iterable[tuple[list[bytes], list[bytes]]]:
@@ -79,7 +79,7 @@ class ShardSource:
         objects at once)."""
         if pid != GLOBAL:
             return [read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
-                                   self.num_shards)]
+                                   self.num_shards, history=self.history)]
         read = read_global(self.table, self.tombstones, self.key_cols, self.partition_cols, self.ordering,
                            self.shard, self.num_shards, self.history)
         if read.keys_in_several_partitions:

@@ -13,11 +13,10 @@ from deltalake import DeltaTable
 from sink import columns as C
 from sink import keys
 from sink.index import history_locations
-from sink.index.entry import Entry, pack_located_many, pack_many
+from sink.index.entry import pack_located_many, pack_many
 from sink.lakehouse.predicates import partition_predicate
 from sink.ordering import arrow_greater, columns_of, stack
 
-CDF_PROPERTY = "delta.enableChangeDataFeed"
 # Tombstone rows name the writer and batch that wrote them: they count once the table holds
 # that batch (tombstones are written before the batch's commit, so none is ever missing).
 TOMBSTONE_WRITER = "_tombstone_writer_id"
@@ -25,12 +24,13 @@ TOMBSTONE_BATCH = "_tombstone_batch_id"
 # When the batch deleted the key (its start, UTC); rows from before the column count as
 # deleted at the epoch, i.e. expired under any tombstone_ttl_hours.
 TOMBSTONE_DELETED_AT = "_tombstone_deleted_at"
+# The writer of the tombstones of rows another writer (not a sink) deleted: their batch is the
+# version of the commit that removed the row (sink.batch.other_writers), and they count once
+# the table is at that version.
+OTHER_WRITERS = "(other writers)"
 # Keys per chunk a global keyspace is packed and written in: bounds the Python objects a
 # load holds at once (a 5M-key shard read whole peaked at 4.0 GB, in chunks at 1.3 GB).
 LOAD_CHUNK_KEYS = 1_000_000
-# Change types that leave a row in the table, and the one that removes it.
-_UPSERTS = ("insert", "update_postimage")
-_DELETE = "delete"
 
 
 def read_partition(
@@ -42,11 +42,12 @@ def read_partition(
     shard: int,
     num_shards: int,
     wanted: pa.Array | None = None,
+    history: bool = False,
 ) -> tuple[list[bytes], list[bytes]]:
-    """Keys and packed entries of partition `pid` for `shard`: live rows of `table` at its
-    loaded version, overlaid with tombstones newer than the row (or of keys the table
-    lacks). One entry per key; array operations throughout. `wanted` (encoded keys): only
-    those keys' entries."""
+    """Keys and packed entries of partition `pid` for `shard`: rows of `table` at its loaded
+    version, and tombstones of keys the table lacks (a `history` table keeps a deleted key's
+    versions: there a tombstone newer than the newest one wins). One entry per key; array
+    operations throughout. `wanted` (encoded keys): only those keys' entries."""
     ordering = columns_of(ordering)
     types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
     predicate = partition_predicate(keys.partition_values(pid), types)
@@ -56,14 +57,19 @@ def read_partition(
     if tombstones is not None:
         tomb = _key_orderings(committed_tombstones(table, tombstones, predicate, columns), key_cols, ordering,
                               shard, num_shards, stamped=True, wanted=wanted)
-        live = _overlay(live, tomb, len(ordering))
+        live = _overlay(live, tomb, len(ordering), rows_stand=not history)
     return live.column("k").to_pylist(), _pack(live, len(ordering))
 
 
-def _overlay(live: pa.Table, tomb: pa.Table, width: int, located: bool = False) -> pa.Table:
-    """Live rows (k, values[, l]) with tombstones (k, values[, l], at) joined in: a key is
-    deleted where its tombstone is newer than its row or it has no row (equal ordering: the
-    row stands, as a delete that won a tie would have removed it). Adds "deleted" and "at"."""
+def _overlay(live: pa.Table, tomb: pa.Table, width: int, located: bool = False, rows_stand: bool = True
+             ) -> pa.Table:
+    """Rows (k, values[, l]) with tombstones (k, values[, l], at) joined in: a key the table
+    has no row of is deleted where it has a tombstone. `rows_stand`: a row of the table is live
+    whatever tombstone it has (the index never calls deleted a key the table holds: another
+    writer, a RESTORE, may bring back a row older than a delete); else (a history table, whose
+    deleted keys keep their versions) a key is deleted where its tombstone is newer than its
+    row (equal ordering: the row stands, as a delete that won a tie would have removed it).
+    Adds "deleted" and "at"."""
     names = _value_names(width)
     if not tomb.num_rows:
         return live.append_column("deleted", pa.array(np.zeros(live.num_rows, bool))).append_column(
@@ -73,7 +79,9 @@ def _overlay(live: pa.Table, tomb: pa.Table, width: int, located: bool = False) 
     joined = live.join(renamed, "k", join_type="full outer")
     row = [joined.column(n) for n in names]
     dead = [joined.column(n) for n in dead_names]
-    deleted = pc.or_kleene(pc.is_null(row[0]), pc.fill_null(arrow_greater(dead, row), False))
+    deleted = pc.is_null(row[0])
+    if not rows_stand:
+        deleted = pc.or_kleene(deleted, pc.fill_null(arrow_greater(dead, row), False))
     out = {"k": joined.column("k"), **{n: pc.if_else(deleted, t, r) for n, t, r in zip(names, dead, row)}}
     if located:
         out["l"] = pc.if_else(pc.is_null(row[0]), joined.column("tl"), joined.column("l"))
@@ -135,7 +143,7 @@ def read_global(
                                                          stamped=True)
     if tomb_rows is not None:
         tomb, _ = _one_per_key(tomb_rows, width)
-        live = _overlay(live, tomb, width, located=True)
+        live = _overlay(live, tomb, width, located=True, rows_stand=not history)
     if history:
         named = pa.concat_tables([t.select(["k", "l"]) for t in (rows, tomb_rows) if t is not None])
         lists = history_locations.partition_lists(named.column("k"), named.column("l"))
@@ -218,14 +226,15 @@ def committed_tombstones(table: DeltaTable, tombstones: DeltaTable, predicate: s
 
 
 def committed(table: DeltaTable, rows: pa.Table) -> pa.Array:
-    """Which tombstone rows belong to a batch `table` (at its loaded version) holds; rows
-    without a writer and batch count as committed."""
+    """Which tombstone rows belong to a batch `table` (at its loaded version) holds, or to a
+    commit of another writer at or before that version; rows without a writer and batch count
+    as committed."""
     if not {TOMBSTONE_WRITER, TOMBSTONE_BATCH} <= set(rows.column_names):
         return pa.array(np.ones(rows.num_rows, bool))
     writers = rows.column(TOMBSTONE_WRITER)
     done = pc.is_null(rows.column(TOMBSTONE_BATCH))
     for writer in pc.unique(writers).drop_null().to_pylist():
-        landed = table.transaction_version(writer)
+        landed = table.version() if writer == OTHER_WRITERS else table.transaction_version(writer)
         if landed is not None:
             mine = pc.fill_null(pc.equal(writers, writer), False)
             done = pc.or_(done, pc.and_(mine, pc.less_equal(rows.column(TOMBSTONE_BATCH), landed)))
@@ -246,42 +255,6 @@ def _key_orderings(data: pa.Table, key_cols, ordering: list[str], shard, num_sha
     return _newest_per_key(out, len(ordering))
 
 
-def has_change_data_feed(table: DeltaTable) -> bool:
-    return table.metadata().configuration.get(CDF_PROPERTY, "false").lower() == "true"
-
-
-def read_changes(
-    table: DeltaTable,
-    version: int,
-    key_cols: Sequence[str],
-    partition_cols: Sequence[str],
-    ordering: str | Sequence[str],
-    shard: int,
-    num_shards: int,
-) -> dict[str, dict[bytes, Entry]] | None:
-    """Row-level changes of commit `version` for this shard, from the change data feed;
-    None when they cannot be read (then the caller invalidates instead)."""
-    ordering = columns_of(ordering)
-    columns = C.distinct(key_cols, partition_cols, ordering, ["_change_type"])
-    try:
-        data = pa.table(table.load_cdf(starting_version=version, ending_version=version, columns=columns))
-    except Exception:  # CDF files cleaned up, or CDF was off at that version
-        return None
-    data = _shard_rows(data, key_cols, shard, num_shards, extra=[*partition_cols, "_change_type"])
-    if data is None:
-        return {}
-    pids = keys.partition_ids(data, partition_cols).to_pylist()
-    out: dict[str, dict[bytes, Entry]] = {}
-    values = stack(list(_values(data, ordering).values())).tolist()
-    encoded = [k.encode() for k in data.column(_KEY).to_pylist()]
-    for pid, key, v, change in zip(pids, encoded, values, data.column("_change_type").to_pylist()):
-        if change in _UPSERTS:
-            out.setdefault(pid, {})[key] = Entry.of(v, False)
-        elif change == _DELETE:
-            out.setdefault(pid, {})[key] = Entry.of(v, True)
-    return out
-
-
 def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=(), wanted: pa.Array | None = None
                 ) -> pa.Table | None:
     """This shard's rows (of the `wanted` encoded keys only, when given) with their encoded
@@ -299,6 +272,11 @@ def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=(), wanted: p
 
 
 _KEY = "__key"
+
+
+def plain(table: pa.Table) -> pa.Table:
+    """A delta-rs scan's columns as plain Arrow types (`_plain`)."""
+    return pa.table({c: _plain(table.column(c)) for c in table.column_names})
 
 
 def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -17,7 +17,6 @@ from sink.index.entry import (
     entries_of_changes,
     pack_array,
     pack_located_many,
-    unpack_located_many,
 )
 from sink.index.keyspaces import Keyspaces
 from sink.index.metadata import ReplicaMeta
@@ -96,33 +95,6 @@ class Staging:
                                      raws.slice(start, end - start).to_pylist())
                 applied += end - start
         return applied
-
-    def put_changes(self, changes: Mapping[str, Mapping[bytes, Entry]]) -> int:
-        """Write another writer's row-level changes (partition -> key -> entry) into the held
-        keyspaces. In global scope a delete applies only where the index places the key: a
-        key the same commit moved keeps its new partition. Returns entries written."""
-        keyspaces, meta = self._keyspaces, self._meta
-        if not meta.located:
-            written = 0
-            for pid in keyspaces.held_of(changes):
-                if changes[pid]:
-                    keyspaces.put_entries(pid, changes[pid])
-                    written += len(changes[pid])
-            return written
-        if not meta.has_partition(GLOBAL):
-            return 0
-        upserts = {k: (pid, e) for pid, entries in changes.items() for k, e in entries.items() if not e.deleted}
-        deletes = {k: (pid, e) for pid, entries in changes.items() for k, e in entries.items()
-                   if e.deleted and k not in upserts}
-        if deletes:
-            *_, where = unpack_located_many(keyspaces.peek(GLOBAL, list(deletes)), meta.width)  # not counted
-            deletes = {k: v for (k, v), loc in zip(deletes.items(), where) if loc is None or loc == v[0]}
-        chosen = {**upserts, **deletes}
-        if chosen:
-            raws = pack_located_many([e.values() for _, e in chosen.values()], [e.deleted for _, e in chosen.values()],
-                                     [pid for pid, _ in chosen.values()], [e.deleted_at for _, e in chosen.values()])
-            keyspaces.put_packed(GLOBAL, list(chosen), raws)
-        return len(chosen)
 
 
 def _deleted_at(changes: pa.Table):

@@ -1,8 +1,8 @@
 """Which table features keep a table's updates on MERGE instead of the copy-on-write rewrite.
 
 `create_write_transaction` commits what it is given and checks almost nothing: files written
-by hand would skip what these features require of every writer (see
-notes/distributed-write.md §3), so such tables stay on delta-rs' MERGE, which honours them.
+by hand would skip what these features require of every writer (docs: "The copy-on-write
+commit and delta-rs"), so such tables stay on delta-rs' MERGE, which honours them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ _PROPERTIES = {
     "delta.enableChangeDataFeed": "change data feed (a rewrite cannot write the change files)",
     "delta.constraints.": "CHECK constraints (a rewrite does not evaluate them)",
 }
+_CONSTRAINT = "delta.constraints."
 # A table that supports deletion vectors may hold files that carry one, even with the property off.
 _DELETION_VECTORS = "deletionVectors"
 GENERATION_EXPRESSION = "delta.generationExpression"  # a generated column's field metadata: its SQL
@@ -62,6 +63,13 @@ def unwritable_reason(table: DeltaTable) -> str | None:
     if reason is None and identity_columns(table):
         reason = _UNWRITABLE_FEATURES["identityColumns"]
     return reason
+
+
+def check_constraints(table: DeltaTable) -> dict[str, str]:
+    """The table's CHECK constraints: name -> Spark SQL expression (a row breaks one where it is
+    false or null, as Delta checks them)."""
+    return {key.removeprefix(_CONSTRAINT): value for key, value in table.metadata().configuration.items()
+            if key.startswith(_CONSTRAINT) and value}
 
 
 def identity_columns(table: DeltaTable) -> list[str]:

@@ -18,6 +18,10 @@ NUM_SHARDS_PROPERTY = "upsert_sink.num_shards"
 READ_VERSION_PROPERTY = "upsert_sink.read_version"  # the table version the batch was tagged against
 COMMIT_KIND_PROPERTY = "upsert_sink.commit"  # append, rewrite or merge
 APP_TRANSACTION_PROPERTY = "upsert_sink.app_transaction"  # "<writer id>:<batch id>", as its txn action
+# The table version up to which other writers' commits were recorded before the batch was
+# tagged (sink.batch.other_writers): a restarted sink reads the log on from there.
+OTHER_WRITERS_SEEN_PROPERTY = "upsert_sink.other_writers_seen"
+RESTORE = "RESTORE"
 USER_METADATA = "userMetadata"  # the commit info's field Spark's DESCRIBE HISTORY shows
 
 
@@ -41,6 +45,33 @@ class CommitSummary:
         """Written by an upsert sink (of any writer id)."""
         return SHARDS_PROPERTY in self.commit_info
 
+    @property
+    def changes_data(self) -> bool:
+        """Whether the commit changed rows (a compaction or a property change does not)."""
+        return self.partitions is None or bool(self.partitions)
+
+    @property
+    def operation(self) -> str:
+        return str(self.commit_info.get("operation", "commit"))
+
+    @property
+    def timestamp_ms(self) -> int:
+        """When it was committed (the commit info's time, else 0)."""
+        raw = self.commit_info.get("inCommitTimestamp", self.commit_info.get("timestamp"))
+        return int(raw) if raw is not None else 0
+
+    def restored_version(self) -> int | None:
+        """The version a RESTORE commit brought the table back to, when it names one (Spark's
+        `TO VERSION AS OF`, delta-rs' `restore(version)`); None otherwise."""
+        if self.operation != RESTORE:
+            return None
+        raw = _parameters(self.commit_info).get("version")
+        return None if raw in (None, "null", "") else int(raw)
+
+    def describe(self) -> str:
+        """The commit for log lines and errors: `version 12 (DELETE)`."""
+        return f"version {self.version} ({self.operation})"
+
     def author(self) -> str:
         """Who made the commit, for messages: a writer id, else the operation."""
         apps = ", ".join(f"writer {a!r}" for a in self.app_versions)
@@ -50,6 +81,17 @@ class CommitSummary:
         """An integer the sink recorded in the commit's metadata (NUM_SHARDS_PROPERTY, ...)."""
         raw = self.commit_info.get(name)
         return None if raw is None else int(raw)
+
+
+def _parameters(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A commit info's operationParameters (Spark writes a map, some writers a JSON string)."""
+    raw = info.get("operationParameters") or {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def log_file(table_uri: str, version: int) -> str:

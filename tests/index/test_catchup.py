@@ -118,20 +118,18 @@ def test_delete_learned_from_the_changelog_when_the_batch_ran_on_another_executo
 
     with replica_at(tmp_path, 5) as r:
         report = catch_up(r, 6, {6: own_commit(6, 3, read_version=5, num_shards=4)}.get, WRITER, SHARD,
-                          read_changes=lambda v: {"p1": {b"k": Entry(1, True)}}, read_changelog=changelog,
-                          num_shards=4)
+                          read_changelog=changelog, num_shards=4)
         assert asked == [(5, 3)]  # by the version the batch was tagged against
         assert (report.moved_batches, report.changelog_applied, report.invalidated) == (1, 1, set())
         assert r.lookup("p1", [b"k"]) == [Entry(DELETE_AT, True)]
         assert set(r.partitions()) == {"p1", "p2", "p3"}
 
 
-def test_own_commit_missing_from_the_changelog_invalidates_rather_than_trust_the_feed(tmp_path):
-    # The feed's delete row carries the deleted row's ordering (1), weaker than the delete (50):
-    # a reload (which reads the tombstone table) is the exact way back.
+def test_own_commit_missing_from_the_changelog_invalidates(tmp_path):
+    # A reload (which reads the tombstone table) is the exact way back.
     with replica_at(tmp_path, 5) as r:
         report = catch_up(r, 6, {6: own_commit(6, 3, read_version=5)}.get, WRITER, SHARD,
-                          read_changes=lambda v: {"p1": {b"k": Entry(1, True)}}, read_changelog=lambda v, b: None)
+                          read_changelog=lambda v, b: None)
         assert report.moved_batches == 1 and report.invalidated == {"p1"}
         assert not r.has_partition("p1") and r.meta.was_invalidated("p1")
 
@@ -144,15 +142,15 @@ def test_own_commit_without_its_read_version_invalidates_without_asking_the_chan
         assert report.moved_batches == 1 and report.invalidated == {"p1"}
 
 
-def test_delete_by_another_writer_learned_from_the_feed_keeps_the_deleted_rows_ordering(tmp_path):
-    # Another writer's delete is known only by the row it removed: its ordering is the best there is.
-    with replica_at(tmp_path, 5) as r:
-        foreign = CommitSummary(6, {"other-writer": 9}, frozenset(["p1"]), {})
-        report = catch_up(r, 6, {6: foreign}.get, WRITER, SHARD,
-                          read_changes=lambda v: {"p1": {b"k": Entry(1, True)}},
-                          read_changelog=lambda v, b: pytest.fail("the changelog is this writer's only"))
-        assert report.applied == 1 and report.invalidated == set()
-        assert r.lookup("p1", [b"k"]) == [Entry(1, True)]
+def test_a_commit_of_another_writer_is_reloaded_from_the_tables_whatever_its_kind(tmp_path):
+    # What another writer deleted is in the tombstone table (sink.batch.other_writers): a reload
+    # finds it as a rebuilt replica would, so no catch-up answers differently from a rebuild.
+    for operation in ("DELETE", "RESTORE", "WRITE"):
+        with replica_at(tmp_path / operation, 5) as r:
+            foreign = CommitSummary(6, {"other-writer": 9}, frozenset(["p1"]), {"operation": operation})
+            report = catch_up(r, 6, {6: foreign}.get, WRITER, SHARD,
+                              read_changelog=lambda v, b: pytest.fail("the changelog is this writer's only"))
+            assert report.invalidated == {"p1"} and not r.has_partition("p1")
 
 
 def test_a_batch_staged_by_an_earlier_attempt_is_not_promoted(tmp_path):

@@ -12,7 +12,7 @@ from sink.errors import PartitionLoadError
 from sink.index.catchup import catch_up
 from sink.index.entry import Entry
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
-from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_WRITER
+from sink.index.loader import OTHER_WRITERS, TOMBSTONE_BATCH, TOMBSTONE_WRITER
 from sink.index.replica import ShardReplica
 from sink.lakehouse.log import read_commit
 
@@ -226,19 +226,39 @@ def test_delete_learned_by_a_partition_reload_carries_the_delete_records_orderin
 
 def test_a_reload_counts_a_tombstone_only_once_the_table_holds_its_batch(tmp_path):
     """Tombstones are written before their batch's commit: a batch that has not landed (or
-    never will) deletes nothing yet."""
+    never will) deletes nothing yet. Another writer's delete counts from its commit's version."""
     uri, tomb_uri = str(tmp_path / "t"), str(tmp_path / "tombstones")
     day = NOW.date().isoformat()
-    ts = pa.array([NOW - dt.timedelta(minutes=m) for m in (30, 20, 10)], pa.timestamp("us", tz="UTC"))
-    write_deltalake(uri, pa.table({"id": ["a", "b", "c"], "dt": [day] * 3, "event_time": ts}), partition_by=["dt"],
+    row = pa.table({"id": ["z"], "dt": [day], "event_time": pa.array([NOW], pa.timestamp("us", tz="UTC"))})
+    write_deltalake(uri, row, partition_by=["dt"],
                     commit_properties=CommitProperties(app_transactions=[Transaction("w", 2)]))
-    later = pa.array([NOW] * 3, pa.timestamp("us", tz="UTC"))
+    later = pa.array([NOW] * 5, pa.timestamp("us", tz="UTC"))
     write_deltalake(tomb_uri, pa.table({
-        "id": ["a", "b", "c"], "dt": [day] * 3, "event_time": later,
-        TOMBSTONE_WRITER: ["w", "w", "other"], TOMBSTONE_BATCH: pa.array([2, 3, 0], pa.int64())}), partition_by=["dt"])
+        "id": ["a", "b", "c", "d", "e"], "dt": [day] * 5, "event_time": later,
+        TOMBSTONE_WRITER: ["w", "w", "other", OTHER_WRITERS, OTHER_WRITERS],
+        TOMBSTONE_BATCH: pa.array([2, 3, 0, 0, 1], pa.int64())}), partition_by=["dt"])
     with ShardReplica.open(tmp_path / "r", "spec") as replica:
         load_partitions(replica, source(uri, shard=0, num_shards=1, tombstones=DeltaTable(tomb_uri)),
                         [f"dt={day}"], "on_demand")
-        found = replica.lookup(f"dt={day}", [b"a", b"b", b"c"])
-    # a: batch 2 of w is in the table; b: batch 3 is not yet; c: writer "other" never committed.
-    assert [e.deleted for e in found] == [True, False, False]
+        found = replica.lookup(f"dt={day}", [b"a", b"b", b"c", b"d", b"e"])
+    # a: batch 2 of w is in the table; b: batch 3 is not yet; c: writer "other" never committed;
+    # d: another writer's delete at version 0, which the table (at 0) holds; e: at version 1, not yet.
+    assert [e is not None and e.deleted for e in found] == [True, False, False, True, False]
+
+
+def test_a_row_of_the_table_stands_over_any_tombstone(tmp_path):
+    """A RESTORE or another writer can bring back a row older than a delete the sink
+    remembers: the index follows the table, so a newer delete of that key still applies."""
+    uri, tomb_uri = str(tmp_path / "t"), str(tmp_path / "tombstones")
+    day = NOW.date().isoformat()
+    old = pa.array([NOW - dt.timedelta(minutes=30)], pa.timestamp("us", tz="UTC"))
+    write_deltalake(uri, pa.table({"id": ["a"], "dt": [day], "event_time": old}), partition_by=["dt"],
+                    commit_properties=CommitProperties(app_transactions=[Transaction("w", 2)]))
+    write_deltalake(tomb_uri, pa.table({
+        "id": ["a"], "dt": [day], "event_time": pa.array([NOW], pa.timestamp("us", tz="UTC")),
+        TOMBSTONE_WRITER: ["w"], TOMBSTONE_BATCH: pa.array([1], pa.int64())}), partition_by=["dt"])
+    with ShardReplica.open(tmp_path / "r", "spec") as replica:
+        load_partitions(replica, source(uri, shard=0, num_shards=1, tombstones=DeltaTable(tomb_uri)),
+                        [f"dt={day}"], "on_demand")
+        [found] = replica.lookup(f"dt={day}", [b"a"])
+    assert not found.deleted
