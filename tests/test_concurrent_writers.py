@@ -120,7 +120,8 @@ def test_two_streaming_queries_upserting_into_one_table_end_exact(spark, tmp_pat
             # A file stream admits files by modification time: make it the order the oracle assumes
             # (files written within one millisecond could otherwise come in either order).
             os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))
-        writers[name] = (batches, landing, UpsertSink(config(tmp_path, name, max_commit_retries=20)))
+        # The default retries: with their jittered waits two writers of the same partitions take turns.
+        writers[name] = (batches, landing, UpsertSink(config(tmp_path, name)))
     queries = [
         spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(landing))
         .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / f"cp-{name}"))

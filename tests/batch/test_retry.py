@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sink.batch.retry import CommitRetries, touches
+from sink.batch.retry import BACKOFF_MAX_S, CommitRetries, backoff_seconds, touches
 from sink.errors import CommitConflictError
 
 
@@ -17,8 +17,25 @@ class Landed:
         return self.who
 
 
-def policy(max_retries=2, scope="partitioned"):
-    return CommitRetries(max_retries=max_retries, table_uri="/t", scope=scope)
+def policy(max_retries=2, scope="partitioned", slept=None):
+    return CommitRetries(max_retries=max_retries, table_uri="/t", scope=scope,
+                         sleep=(slept.append if slept is not None else lambda s: None), jitter=lambda: 0.5)
+
+
+def test_each_retry_waits_longer_with_jitter_up_to_a_cap():
+    assert [backoff_seconds(n, 0.5) for n in range(3)] == [0.2, 0.4, 0.8]
+    assert backoff_seconds(20, 0.5) == BACKOFF_MAX_S
+    assert (backoff_seconds(2, 0.0), backoff_seconds(2, 0.999)) == (0.4, pytest.approx(1.1992))
+    slept = []
+    retries = policy(max_retries=3, slept=slept)
+    for attempt in range(3):
+        retries.after_conflict(batch_id=7, attempt=attempt, landed=[Landed("writer 'b'", frozenset({"dt=1"}))],
+                               batch_partitions=["dt=1"], error=RuntimeError("lost"))
+    assert slept == [0.2, 0.4, 0.8]
+    with pytest.raises(CommitConflictError):  # out of retries: fails at once, no wait
+        retries.after_conflict(batch_id=7, attempt=3, landed=[], batch_partitions=["dt=1"],
+                               error=RuntimeError("lost"))
+    assert len(slept) == 3
 
 
 def test_a_commit_to_other_partitions_keeps_the_tags_and_commits_again():
