@@ -12,28 +12,34 @@ from sink.errors import DeltaJarsError
 from sink.lakehouse import spark_delta
 
 
+def session_settings(*, delta: bool, remote: str | None) -> dict[str, str]:
+    """What `spark_session` sets: runtime settings always; the static ones (workers'
+    interpreter, progress bar, Delta's package, extension and catalog) where this process
+    starts Spark, a server at `sc://` having its own."""
+    settings = {"spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true"}
+    if remote and remote.startswith("sc://"):
+        return settings
+    settings.update({"spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+                     "spark.ui.showConsoleProgress": "false"})
+    return {**settings, **(spark_delta.session_conf() if delta else {})}
+
+
 def spark_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None, *,
                   delta: bool = False, remote: str | None = None) -> SparkSession:
     """Get or create the session. Workers run this interpreter (they need pyarrow);
     timestamps are UTC so Arrow hand-offs to delta-rs carry no local offset. `delta`: with
     Delta's Spark engine (its package, SQL extension and catalog: sink.lakehouse.spark_delta).
     `remote`: a Spark Connect session instead, to `sc://host:port`, or to a Connect server
-    this process starts on a local master (`local[2]`)."""
+    this process starts on a local master (`local[2]`). A server at `sc://` has Delta's
+    engine from its own start (docs: Spark Connect): the client sets none of its static
+    settings, which the server would refuse (CANNOT_MODIFY_CONFIG warnings)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if remote:
         builder = builder.remote(remote)
     elif master:
         builder = builder.master(master)
-    settings = {
-        "spark.sql.session.timeZone": "UTC",
-        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.showConsoleProgress": "false",
-    }
-    if delta:
-        settings.update(spark_delta.session_conf())
-    settings.update(conf or {})
+    settings = {**session_settings(delta=delta, remote=remote), **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -159,7 +160,19 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     if args.master and args.remote:
         parser.error("--master and --remote exclude each other: under Spark Connect the server's master runs the job")
-    run(args.config, args.once, args.trigger_seconds, args.master, stop=True, remote=args.remote, engine=args.engine)
+    try:
+        run(args.config, args.once, args.trigger_seconds, args.master, stop=True, remote=args.remote,
+            engine=args.engine)
+    except Exception:
+        # `run` closed the sinks and stopped Spark. Exit with the error's code now: the
+        # interpreter's teardown with native threads of a failed query still alive (Arrow,
+        # delta-rs, gRPC under Connect) aborted now and then ("terminate called without an
+        # active exception", exit 134 instead of 1).
+        log.exception("the job failed")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":

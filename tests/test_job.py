@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -11,6 +12,7 @@ from jobs.job_config import SOURCE_FORMATS, load_job_config
 from jobs.upsert_stream import run
 from sink import SchemaError
 from sink.errors import ConfigError
+from tests.lakehouse.spark_sql_tables import COLUMNS
 from tests.oracle import expected_history, expected_rows, random_batches
 from tests.scaleout_stream import history_rows
 
@@ -212,7 +214,79 @@ def test_the_job_through_spark_connect_matches_the_oracle_and_leaves_its_replica
     assert run.returncode == 0, run.stderr[-3000:]
     assert table_rows(str(tmp_path / "data" / "table")) == expected_rows(batches)
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    # The server's foreachBatch worker logs the sink's batch lines (to the server's log: here the job's).
+    assert "upsert batch batch=2" in run.stderr
     inspect = subprocess.run([sys.executable, "-m", "sink", "inspect", "--config", str(conf), "--json"],
                              capture_output=True, text=True, timeout=120)
     shards = json.loads(inspect.stdout)["shards"]
     assert [(s["shard"], s["state"], s["clean"]) for s in shards] == [(0, "closed", True), (1, "closed", True)]
+
+
+def test_the_job_through_a_connect_server_started_with_deltas_recipe(tmp_path):
+    """docs/spark-connect.md's recipe: a Connect server started by spark-submit with Delta's
+    package, extension and catalog; the job connects to it (`--remote sc://...`) and writes a
+    table Spark SQL created with deletion vectors through Delta's Spark engine. The client sets
+    none of the server's static settings (no CANNOT_MODIFY_CONFIG warnings), and the batch
+    line is in the server's log."""
+    import socket
+
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    from sink.lakehouse import spark_delta
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PYSPARK_PYTHON": sys.executable}
+    server_log = tmp_path / "server.log"
+    submit = str(Path(sys.executable).parent / "spark-submit")
+    with open(server_log, "w") as out:
+        server = subprocess.Popen([submit, "--master", "local[2]", "--class",
+                                   "org.apache.spark.sql.connect.service.SparkConnectServer",
+                                   *spark_delta.submit_args(), "--conf", f"spark.connect.grpc.binding.port={port}",
+                                   "--conf", f"spark.pyspark.python={sys.executable}"],
+                                  env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, server, timeout_s=180)
+        conf = tmp_path / "sink.toml"
+        conf.write_text(CONFIG.replace("metrics_port = 0", 'metrics_port = 0\ntag_on = "driver"\nnum_shards = 2\n'
+                                       'engine = "delta-spark"'))
+        uri = str(tmp_path / "data" / "table")
+        client = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+        client.sql(f"CREATE TABLE delta.`{uri}` ({COLUMNS}) USING delta PARTITIONED BY (dt) "
+                   "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+        client.stop()
+        batches = random_batches(6, batches=2, per_batch=200)
+        for i, events in enumerate(batches):
+            drop_file(tmp_path / "data" / "landing", f"f{i}.json", events)
+        job = [sys.executable, "-m", "jobs.upsert_stream", "--config", str(conf), "--once", "--remote",
+               f"sc://127.0.0.1:{port}"]
+        run = subprocess.run(job, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        for noise in ("CANNOT_MODIFY_CONFIG", "Failed to set", "Traceback"):
+            assert noise not in run.stderr, run.stderr[-3000:]
+        rows = pa.table(DeltaTable(uri).scan(columns=["id", "dt", "ts", "op", "v"])).to_pylist()
+        assert sorted(rows, key=lambda r: (r["dt"], r["id"])) == expected_rows(batches)
+        merges = [h for h in DeltaTable(uri).history() if h["operation"] == "MERGE"]
+        assert merges and all(h["engineInfo"].startswith("Apache-Spark") for h in merges)
+        assert "upsert batch batch=1" in server_log.read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout_s: float) -> None:
+    """Until something listens on 127.0.0.1:`port` (a bounded wait on the server's own start)."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the server exited"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"nothing listened on port {port} within {timeout_s} s")

@@ -92,8 +92,10 @@ def close_kept_open(under: Path | None = None) -> None:
 
 def close_kept_open_on_sigterm() -> None:
     """In a process Spark ends with SIGTERM (a Connect server's foreachBatch worker, stopped
-    with its query): exit through atexit, which closes the kept-open replicas clean. From the
-    main thread only (Python runs signal handlers there)."""
+    with its query, a failed one too): close the kept-open replicas clean, then exit at once,
+    without the interpreter's teardown, which in such a worker (native threads of RocksDB,
+    Arrow and delta-rs still alive) aborted now and then ("terminate called without an active
+    exception"). From the main thread only (Python runs signal handlers there)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -106,7 +108,9 @@ def _on_sigterm(signum, _frame) -> None:
     if any(replica.in_use.locked() for replica in _KEPT_OPEN.values()):
         # Mid-use: a close would save half a use. Left dirty, the replica is rebuilt, never trusted.
         os._exit(128 + signum)
-    raise SystemExit(128 + signum)
+    close_kept_open()
+    logging.shutdown()
+    os._exit(128 + signum)
 
 
 def wipe_damaged(path: Path, error: BaseException) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any, Literal
 
 from pyspark.sql import DataFrame, SparkSession
@@ -82,5 +83,22 @@ class ConnectSession:
 
     def host_foreach_batch(self) -> None:
         """The server's foreachBatch worker, which Spark ends with SIGTERM when the query stops,
-        and which the client's `close` cannot reach: the replicas it keeps close on the signal."""
+        and which the client's `close` cannot reach: the replicas it keeps close on the signal.
+        Its Python logging is unconfigured (warnings only): the sink's INFO lines, the batch
+        line among them, go to its stderr, which the server's log shows."""
         close_kept_open_on_sigterm()
+        log_to_stderr()
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_to_stderr() -> None:
+    """The sink's loggers at INFO on stderr, unless this process configured logging itself."""
+    sink_log = logging.getLogger("sink")
+    if sink_log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    sink_log.addHandler(handler)
+    sink_log.setLevel(logging.INFO)
