@@ -11,7 +11,7 @@ newer by ordering (or equal, when incoming wins ties); a delete removes it, an u
 it (partial updates keep stored values where theirs are null). Rows of keys no file holds are
 inserted, deletes of them dropped.
 
-`create_write_transaction` checks almost nothing (notes/distributed-write.md §1), so
+`create_write_transaction` checks almost nothing (docs: "The copy-on-write commit and delta-rs"), so
 `check_actions` does before the commit; tables with features a hand-written file would break
 stay on MERGE (`features.merge_only_reason`).
 """
