@@ -151,7 +151,9 @@ def test_another_writers_delete_and_insert_are_followed_with_and_without_a_chang
             ("a", "2025-01-01", "again"), ("b", "2025-01-02", "x"), ("c", "2025-01-05", "moved")]
         report = sink.reports[-1]
         assert (report.ops["insert"], report.ops["update"]) == (1, 1)
-        assert report.partition_loads["invalidated"] == (0 if feed else 1)
+        # Another writer's commit reloads the keyspace, feed or not: what it deleted is in the
+        # tombstone table, where a rebuilt replica finds it too.
+        assert report.partition_loads["invalidated"] == 1
 
 
 def test_a_table_written_in_partitioned_scope_refuses_a_global_sink(spark, tmp_path):

@@ -222,7 +222,7 @@ def test_the_job_through_spark_connect_matches_the_oracle_and_leaves_its_replica
     assert [(s["shard"], s["state"], s["clean"]) for s in shards] == [(0, "closed", True), (1, "closed", True)]
 
 
-def test_the_job_through_a_connect_server_started_with_deltas_recipe(tmp_path):
+def test_the_job_through_a_connect_server_started_with_deltas_recipe(spark, tmp_path):
     """docs/spark-connect.md's recipe: a Connect server started by spark-submit with Delta's
     package, extension and catalog; the job connects to it (`--remote sc://...`) and writes a
     table Spark SQL created with deletion vectors through Delta's Spark engine. The client sets
@@ -231,7 +231,6 @@ def test_the_job_through_a_connect_server_started_with_deltas_recipe(tmp_path):
     import socket
 
     import pyspark
-    from pyspark.sql import SparkSession
 
     from sink.lakehouse import spark_delta
 
@@ -253,10 +252,9 @@ def test_the_job_through_a_connect_server_started_with_deltas_recipe(tmp_path):
         conf.write_text(CONFIG.replace("metrics_port = 0", 'metrics_port = 0\ntag_on = "driver"\nnum_shards = 2\n'
                                        'engine = "delta-spark"'))
         uri = str(tmp_path / "data" / "table")
-        client = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
-        client.sql(f"CREATE TABLE delta.`{uri}` ({COLUMNS}) USING delta PARTITIONED BY (dt) "
-                   "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-        client.stop()
+        # Created by Spark SQL (this process holds a classic session: a Connect client cannot start here).
+        spark.sql(f"CREATE TABLE delta.`{uri}` ({COLUMNS}) USING delta PARTITIONED BY (dt) "
+                  "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
         batches = random_batches(6, batches=2, per_batch=200)
         for i, events in enumerate(batches):
             drop_file(tmp_path / "data" / "landing", f"f{i}.json", events)

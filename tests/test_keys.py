@@ -24,6 +24,16 @@ def test_multi_column_keys_are_length_prefixed_so_they_cannot_collide():
     assert len(set(encoded)) == 2
 
 
+def test_an_encoded_key_reads_back_as_its_columns_values():
+    table = pa.table({"tenant": ["a:1", "é", "x"], "order": [7, 12, None]})
+    encoded = [k.encode() for k in keys.encode_keys(table, ["tenant", "order"]).to_pylist() if k is not None]
+    assert [keys.decode_key(k, ["tenant", "order"]) for k in encoded] == [{"tenant": "a:1", "order": "7"},
+                                                                            {"tenant": "é", "order": "12"}]
+    assert keys.describe_key(encoded[0], ["tenant", "order"]) == "tenant='a:1', order='7'"
+    assert keys.describe_key(b"k1", ["id"]) == "id='k1'"
+    assert keys.describe_key(b"\xff", ["id"]) == "b'\\xff'"  # not of this key spec: as bytes
+
+
 def test_partition_id_round_trips_and_escapes():
     pid = keys.partition_id(["dt", "region"], ["2025-01-01", "eu/west=1"])
     assert pid == "dt=2025-01-01/region=eu%2Fwest%3D1"

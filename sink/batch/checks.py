@@ -8,6 +8,7 @@ import logging
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sink import columns as C
@@ -19,6 +20,7 @@ from sink.lakehouse.contract import Contract
 from sink.lakehouse.engine import DeltaEngine
 from sink.lakehouse.features import check_constraints
 from sink.lakehouse.schema import added_columns, check_history_columns, pending
+from sink.library_errors import first_line
 from sink.prepare import validate_stream, with_hidden_ordering
 from sink.session import session_kind
 
@@ -36,6 +38,7 @@ class Checks:
         self._writer_id = writer_id
         self.contract = Contract.of(config)  # where the table keeps the ordering
         self._validated = None
+        self._constraints_checked = None
 
     def run(self, state: BatchState) -> None:
         """Open (or create) the table at its latest version and check the batch against it;
@@ -49,7 +52,7 @@ class Checks:
         self._check_contract()
         state.added = self.added_columns(batch_df)
         if cfg.check_constraints == "quarantine":
-            state.constraints = check_constraints(self._target.table)
+            state.constraints = self._constraints(batch_df)
         state.committed = self._target.transaction_version(self._writer_id)
         if state.added:
             log.warning("batch %s adds column(s) %s to %s (schema_evolution = 'add_columns')", state.batch_id,
@@ -72,6 +75,22 @@ class Checks:
                 self._target.check_writable()
                 self.added_columns(with_hidden_ordering(df, self._stream_config))
             self._validated = df.schema
+
+    def _constraints(self, df: DataFrame) -> dict[str, str]:
+        """The table's CHECK constraints, each checked once to apply to the stream's columns."""
+        constraints = check_constraints(self._target.table)
+        key = (df.schema, tuple(constraints.items()))
+        if self._constraints_checked != key:
+            for name, expr in constraints.items():
+                try:
+                    df.select(F.expr(expr)).schema  # noqa: B018 (analysis only)
+                except Exception as e:
+                    raise SchemaError(
+                        f"{self._config.table_uri}'s CHECK constraint {name} ({expr}) does not apply to the stream's "
+                        f"columns ({first_line(e)}): check_constraints = 'quarantine' evaluates it on each record; "
+                        "set check_constraints = 'fail' to leave it to Delta's commit") from e
+            self._constraints_checked = key
+        return constraints
 
     def added_columns(self, df: DataFrame) -> list[pa.Field]:
         """The stream's columns the table lacks (added in the batch's commit); SchemaError for

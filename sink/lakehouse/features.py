@@ -7,6 +7,7 @@ commit and delta-rs"), so such tables stay on delta-rs' MERGE, which honours the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from deltalake import DeltaTable
@@ -19,6 +20,7 @@ _PROPERTIES = {
     "delta.constraints.": "CHECK constraints (a rewrite does not evaluate them)",
 }
 _CONSTRAINT = "delta.constraints."
+_DOUBLE_QUOTED = re.compile(r'"([^"`]+)"')
 # A table that supports deletion vectors may hold files that carry one, even with the property off.
 _DELETION_VECTORS = "deletionVectors"
 GENERATION_EXPRESSION = "delta.generationExpression"  # a generated column's field metadata: its SQL
@@ -67,8 +69,15 @@ def unwritable_reason(table: DeltaTable) -> str | None:
 
 def check_constraints(table: DeltaTable) -> dict[str, str]:
     """The table's CHECK constraints: name -> Spark SQL expression (a row breaks one where it is
-    false or null, as Delta checks them)."""
-    return {key.removeprefix(_CONSTRAINT): value for key, value in table.metadata().configuration.items()
+    false or null, as Delta checks them). delta-rs records a constraint in DataFusion's SQL,
+    where `"userId"` names a column (Spark would read a string): a double-quoted name of one of
+    the table's columns becomes a backquoted one."""
+    columns = {f.name for f in table.schema().fields}
+
+    def spark_sql(expression: str) -> str:
+        return _DOUBLE_QUOTED.sub(lambda m: f"`{m[1]}`" if m[1] in columns else m[0], expression)
+
+    return {key.removeprefix(_CONSTRAINT): spark_sql(value) for key, value in table.metadata().configuration.items()
             if key.startswith(_CONSTRAINT) and value}
 
 

@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable, Field, QueryBuilder, Schema
 
 from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
-from sink.lakehouse.features import merge_only_reason
+from sink.lakehouse.features import check_constraints, merge_only_reason
 
 COLUMNS = [("id", "string", pa.string()), ("dt", "string", pa.string()), ("ts", "long", pa.int64()),
            ("g", "long", pa.int64())]
@@ -72,3 +72,15 @@ def test_a_table_with_the_feature_commits_updates_through_merge(tmp_path, caplog
     table = sorted((r["id"], r["dt"], r["ts"], r["g"]) for r in pa.table(read).to_pylist())
     assert table == [("a", "d1", 5, 10), ("b", "d1", 7, 14), ("d", "d2", 5, 10)]
     assert DeltaTable(uri).transaction_version("w") == 2
+
+
+def test_check_constraints_read_as_spark_sql_whoever_wrote_them(tmp_path):
+    uri = str(tmp_path / "t")
+    DeltaTable.create(uri, Schema([Field("userId", "long"), Field("dt", "string")]), partition_by=["dt"])
+    # delta-rs records its constraints in DataFusion's SQL, a mixed-case column double-quoted.
+    DeltaTable(uri).alter.add_constraint({"known_user": "userId > 0"})
+    recorded = DeltaTable(uri).metadata().configuration["delta.constraints.known_user"]
+    assert recorded == '"userId" > 0'
+    assert check_constraints(DeltaTable(uri)) == {"known_user": "`userId` > 0"}
+    create(str(tmp_path / "plain"))
+    assert check_constraints(DeltaTable(str(tmp_path / "plain"))) == {}
