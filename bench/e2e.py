@@ -31,10 +31,13 @@ BASELINES = {"baseline": HandWrittenMerge, "spark-merge": partial(SparkMerge, ca
 # On a table with deletion vectors (the events case's variant): the sink under engine =
 # "delta-spark", whose updates then commit through Spark's MERGE (which writes them).
 TAG_ON = {"sink": "auto", "sink-executors": "executors", "sink-merge": "auto", "sink-spark-dv": "auto",
-          "sink-spark-dv-executors": "executors"}
+          "sink-spark-dv-executors": "executors", "sink-unverified": "auto", "sink-executors-unverified": "executors"}
 COMMIT_MODE = {"sink": "auto", "sink-executors": "auto", "sink-merge": "merge", "sink-spark-dv": "auto",
-               "sink-spark-dv-executors": "auto"}
+               "sink-spark-dv-executors": "auto", "sink-unverified": "auto", "sink-executors-unverified": "auto"}
 DELETION_VECTORS = ("sink-spark-dv", "sink-spark-dv-executors")
+# The sampled verification's cost: the sink with it off (verify_fraction = 0) beside the default.
+UNVERIFIED = ("sink-unverified", "sink-executors-unverified")
+VERIFICATION = ("sink", "sink-unverified", "sink-executors", "sink-executors-unverified", "baseline")
 
 
 class Timed:
@@ -146,7 +149,8 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                              index_dir=None if executor_index_dirs else str(case / name / "index"),
                              num_shards=num_shards, metrics_port=0, tag_on=TAG_ON[name],
                              commit_mode=COMMIT_MODE[name],
-                             engine="delta-spark" if name in DELETION_VECTORS else "deltalake")
+                             engine="delta-spark" if name in DELETION_VECTORS else "deltalake",
+                             **({"verify_fraction": 0.0} if name in UNVERIFIED else {}))
             file_cache.WRITTEN.clear()  # the previous case's files
             sink = UpsertSink(cfg)
             seconds, reports, _ = stream(spark, landing, case / name / "cp", sink)
@@ -158,6 +162,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                 "shard_moves": [r.shard_moves for r in reports],
                 "changelog_applied": [r.changelog_applied for r in reports],
                 "replicas_rebuilt": [r.replicas_rebuilt for r in reports],
+                "verified_keys": [r.verified_keys for r in reports],
                 # The batch but its commit phase: what the index costs above the hand-written dedupe.
                 "above_commit": round(median_after_first([s - r.commit_seconds for s, r in zip(seconds, reports)]), 3),
                 # Batches after the first that created no replica (on several executors, each

@@ -160,6 +160,13 @@ def against_spark(spark, work: Path, params: dict, result: dict, save) -> None:
     save()
 
 
+def verification_figures(spark, work: Path, params: dict) -> list[dict]:
+    """The sampled verification's cost (verify_fraction, default 0.01): the events case with it
+    on and off, under both tagging paths."""
+    return e2e.run(spark, work, params["sizes"][:1], ["events"], params["batches"], params["batch_rows"],
+                   num_shards=2, contenders=e2e.VERIFICATION)
+
+
 def e2e_session():
     """local[2], with Delta's Spark engine: the delta-spark MERGE baselines run in it."""
     from jobs.spark_session import spark_session
@@ -177,11 +184,28 @@ def main() -> None:
                         help="only the sink against delta-spark's MERGE: end to end, deletion vectors, global scope, "
                              "two executors")
     parser.add_argument("--sizes", type=int, nargs="+", help="with --against-spark: table rows (default: the run's)")
-    parser.add_argument("--batches", type=int, help="with --against-spark: batches a case (default: the run's)")
+    parser.add_argument("--batches", type=int,
+                        help="with --against-spark or --verification: batches a case (default: the run's)")
+    parser.add_argument("--verification", action="store_true",
+                        help="only the sampled verification's cost (events, the run's first size)")
     args = parser.parse_args()
     params = QUICK if args.quick else FULL
     name = "quick" if args.quick else "full"
     started = time.perf_counter()
+    if args.verification:
+        params = {**params, "batches": args.batches or params["batches"]}
+        result = {"name": f"verification-{name}", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                  "machine": machine(), "parameters": params}
+        spark = e2e_session()
+        work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
+        try:
+            e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
+            result["verification"] = verification_figures(spark, work, params)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            spark.stop()
+        write(result, started, plotted=False)
+        return
     if args.against_spark:
         params = {**params, "sizes": args.sizes or params["sizes"], "batches": args.batches or params["batches"]}
         result = {"name": "against-spark", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -217,6 +241,8 @@ def main() -> None:
                                                  params["batch_rows"], num_shards=2,
                                                  contenders=("baseline", "spark-merge-careful-dv",
                                                              *e2e.DELETION_VECTORS))
+        print("== the sampled verification's cost (events, verify_fraction on and off)", flush=True)
+        result["verification"] = verification_figures(spark, work, params)
         print("== tiny batches (events mix)", flush=True)
         result["e2e_tiny"] = e2e.run_tiny(spark, work, params["sizes"][0], TINY_BATCH_ROWS, params["tiny_batches"])
         print("== global scope (365 partitions, against a MERGE on the key alone)", flush=True)

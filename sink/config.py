@@ -110,7 +110,7 @@ class SinkConfig:
     one batch: the partition is being written to, and loads at once."""
     verify_fraction: float = 0.01
     """Partitioned scope: before a batch is tagged, this share of its keys (at least one per
-    partition checked, in at most 4 partitions per shard) is read from the table and the
+    partition checked, in one partition per shard, another each batch) is read from the table and the
     tombstone table and compared with the replica; a partition where they differ is logged at
     ERROR, counted (`upsert_sink_index_verify_mismatches_total`) and reloaded before the batch is
     tagged against it; 0 = off."""

@@ -438,8 +438,7 @@ def _verify(ctx: TaskContext, replica: ShardReplica, source: LazySource, shard: 
     """The sampled verification (sink.index.verification) of the records' keys in partitions
     `among` (held before this task loaded anything): partitions where the replica disagrees
     with the tables are logged, dropped and loaded again before tagging."""
-    wanted = verification.sample(pids.to_pylist(), pc.cast(keys_, pa.binary()).to_pylist(), among, fraction,
-                                 seed=ctx.batch_id * 4099 + shard)
+    wanted = verification.sample(pids, pc.cast(keys_, pa.binary()), among, fraction, seed=ctx.batch_id * 4099 + shard)
     if not wanted:
         return
     found = verification.check(wanted, replica.peek, source.get().peek, ctx.expire_before,
