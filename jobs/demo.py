@@ -24,8 +24,8 @@ from deltalake import DeltaTable
 
 from jobs.job_config import load_job_config
 from jobs.upsert_stream import run
-from sink import metrics
 from sink.errors import SinkError
+from sink.ops import metrics
 from sink.outcomes import OUTCOMES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "sink.toml"

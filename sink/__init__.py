@@ -14,7 +14,7 @@ from sink.errors import (
     WriterIdReusedError,
 )
 from sink.foreach_batch import UpsertSink
-from sink.report import BatchReport
+from sink.ops.report import BatchReport
 
 __all__ = [
     "BatchReport",

@@ -1,5 +1,5 @@
 import sys
 
-from sink.cli import main
+from sink.ops.cli import main
 
 sys.exit(main())

@@ -12,7 +12,6 @@ from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
 
-from sink import metrics
 from sink.batch.checks import Checks
 from sink.batch.commit import CommitPhase, history_batch
 from sink.batch.driver_tagger import DriverTagger
@@ -25,9 +24,10 @@ from sink.batch.tag import TagPhase
 from sink.config import SinkConfig
 from sink.lakehouse import file_cache, open_tables
 from sink.lakehouse.engine import delta_engine
+from sink.ops import metrics
+from sink.ops.report import BatchReport
 from sink.outcomes import OUTCOMES
 from sink.release import Replicas, release_executor_replicas
-from sink.report import BatchReport
 from sink.session import SessionKind, is_connect, session_kind
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ LOOKUP_TIERS = (*REPLICA_LOOKUPS, "table", "table_miss")
 
 @dataclass
 class TaskStats:
-    """One task's counts; the driver sums every task's (sink.report.BatchReport)."""
+    """One task's counts; the driver sums every task's (sink.ops.report.BatchReport)."""
 
     shard_ids: list[int] = field(default_factory=list)
     # The index's work.

@@ -9,8 +9,8 @@ import pytest
 from deltalake import DeltaTable
 
 from sink import SinkConfig, UpsertSink
+from tests.ops.test_metrics import free_port
 from tests.oracle import SCHEMA, expected_rows, random_batches
-from tests.test_metrics import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect]
 

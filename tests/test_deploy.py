@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
-from sink import metrics
+from sink.ops import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sink import columns as C
-from sink import keys, metrics
+from sink import keys
 from sink.batch.side_tables import SideTables
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
@@ -25,6 +25,7 @@ from sink.lakehouse.engine import DeltaEngine
 from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import with_added
 from sink.library_errors import partition_load_failure, spark_aborted_a_rerun
+from sink.ops import metrics
 from sink.prepare import sql_string
 from sink.release import Replicas, release_executor_replicas
 from sink.session import SessionKind

@@ -39,7 +39,7 @@ from sink.lakehouse.delta_rs import append_once, rows_in
 from sink.lakehouse.log import OTHER_WRITERS_SEEN_PROPERTY, RESTORE, CommitSummary, read_commit
 from sink.lakehouse.predicates import quote_ident
 from sink.library_errors import first_line
-from sink.tombstones import latest_per_key
+from sink.ops.tombstones import latest_per_key
 
 log = logging.getLogger(__name__)
 

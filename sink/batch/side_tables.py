@@ -16,10 +16,10 @@ from sink.config import SinkConfig
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER
 from sink.lakehouse.delta_rs import append_once
+from sink.ops.report import BatchReport
+from sink.ops.tombstones import latest_per_key
 from sink.outcomes import QUARANTINED
 from sink.prepare import prepare
-from sink.report import BatchReport
-from sink.tombstones import latest_per_key
 
 log = logging.getLogger(__name__)
 

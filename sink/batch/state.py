@@ -8,7 +8,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from sink.report import BatchReport
+from sink.ops.report import BatchReport
 from sink.task_context import TaskContext
 from sink.writing import Written
 

@@ -16,7 +16,7 @@ from sink.batch.other_writers import OtherWriters
 from sink.batch.state import BatchState, TaggedBatch
 from sink.config import SinkConfig
 from sink.lakehouse.engine import DeltaEngine
-from sink.report import BatchReport
+from sink.ops.report import BatchReport
 from sink.task_context import TaskContext, task_context
 from sink.task_stats import TaskStats
 from sink.writing import FILE_OP, read_written

@@ -38,7 +38,7 @@ from sink.lakehouse.rewrite import (
     write_partition_files,
 )
 from sink.lakehouse.writes import conform, partition_string
-from sink.tombstones import expired_rows
+from sink.ops.tombstones import expired_rows
 
 VERSION_CHANGES = ("opened", "closed", "split")
 # The partition column of `HistoryWrites.reads`.

@@ -3,25 +3,31 @@ against what a load from the tables would hold, before a batch is tagged against
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sink import SinkConfig, UpsertSink, metrics
+from sink import SinkConfig, UpsertSink
 from sink.index import verification
 from sink.index.entry import Entry
 from sink.index.registry import kept_open
 from sink.index.replica import ShardReplica
+from sink.ops import metrics
 from tests.oracle import SCHEMA, Event, expected_rows, taken_back
 
 
 def test_a_sample_takes_a_share_of_each_chosen_partitions_keys_and_at_most_a_few_partitions():
-    pids = [f"p{i % 6}" for i in range(600)]
-    keys = [f"k{i}".encode() for i in range(600)]
+    pids = pa.array([f"p{i % 6}" for i in range(1200)])
+    keys = pa.array([f"k{i % 600}".encode() for i in range(1200)])  # each key twice: distinct keys count
     chosen = verification.sample(pids, keys, among={f"p{i}" for i in range(5)}, fraction=0.1, seed=3)
     assert len(chosen) == verification.MAX_PARTITIONS and "p5" not in chosen
-    assert all(len(ks) == 10 for ks in chosen.values())
+    assert all(len(ks) == 10 and len(set(ks)) == 10 for ks in chosen.values())
+    assert len({tuple(verification.sample(pids, keys, {f"p{i}" for i in range(5)}, 0.1, seed=s))
+                for s in range(20)}) > 1  # other batches, other partitions
+    assert all(int(k[1:]) % 6 == int(pid[1:]) for pid, ks in chosen.items() for k in ks)
     assert verification.sample(pids, keys, {f"p{i}" for i in range(5)}, 0.1, seed=3) == chosen  # a re-run: same
-    assert [len(v) for v in verification.sample(["p0"], [b"k"], {"p0"}, 0.001, seed=1).values()] == [1]
+    one = verification.sample(pa.array(["p0"]), pa.array([b"k"]), {"p0"}, 0.001, seed=1)
+    assert one == {"p0": [b"k"]}
     assert verification.sample(pids, keys, among=set(), fraction=1.0, seed=1) == {}
 
 

@@ -3,8 +3,9 @@ import urllib.request
 
 from prometheus_client import REGISTRY
 
-from sink import BatchReport, metrics
-from sink.report import PHASES
+from sink import BatchReport
+from sink.ops import metrics
+from sink.ops.report import PHASES
 
 
 def free_port():
@@ -76,7 +77,7 @@ def documented_counters() -> dict[str, dict[str, list[str]]]:
     import re
     from pathlib import Path
 
-    section = (Path(__file__).resolve().parent.parent / "docs" / "monitoring.md").read_text()
+    section = (Path(__file__).resolve().parents[2] / "docs" / "monitoring.md").read_text()
     counters = {}
     for name, labels in re.findall(r"^\| `(upsert_sink_\w+_total)(?:\{([^}]*)\})?`", section, re.M):
         pairs = [p.split("=", 1) for p in labels.split(", ")] if labels else []

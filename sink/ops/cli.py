@@ -35,8 +35,8 @@ from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
 from sink.lakehouse.schema import plain_layouts
 from sink.library_errors import first_line
+from sink.ops.tombstones import compact
 from sink.task_context import default_index_root
-from sink.tombstones import compact
 
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 

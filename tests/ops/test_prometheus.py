@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from jobs.upsert_stream import run
-from sink import SinkError, metrics
+from sink import SinkError
+from sink.ops import metrics
 
 pytestmark = pytest.mark.spark
 

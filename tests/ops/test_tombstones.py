@@ -4,13 +4,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sink import SinkConfig, UpsertSink, tombstones
+from sink import SinkConfig, UpsertSink
 from sink import columns as C
 from sink.batch.driver_tagger import deletes_before_tagging
-from sink.cli import main
 from sink.errors import ConfigError
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER
-from sink.tombstones import compact, latest_per_key
+from sink.ops import tombstones
+from sink.ops.cli import main
+from sink.ops.tombstones import compact, latest_per_key
 
 SCHEMA = "id INT, v STRING, seq INT, op STRING"
 HOUR = 3600
