@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+from tests.engines import SMALL_TABLES_CONF
+
 # SINK_SPARK=connect: the run's session is a Spark Connect one (`remote("local[2]")`), and only
 # the tests marked `connect` run; `@pytest.mark.connect(split="x")` takes only the cases whose
 # parameters have those values. A process holds one kind of session, so `make test` runs the
@@ -13,11 +15,7 @@ SESSION_CONF = {
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.sql.streaming.schemaInference": "false",
-    # Delta's Spark engine sized for the tests' small tables on 2 cores: a snapshot's state in
-    # 2 partitions (50 by default: a DELETE took 10-20 s, 3 s with 2), and VACUUM's listing in
-    # 4 tasks (10,000 by default: 65 s, 7 s with 4).
-    "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
+    **SMALL_TABLES_CONF,
 }
 
 

@@ -14,6 +14,7 @@ import os
 import signal
 from pathlib import Path
 
+from tests.engines import SMALL_TABLES_CONF
 from tests.oracle import Event, random_events, random_global_batches
 
 CRASH_BATCH = 2
@@ -70,7 +71,8 @@ def main() -> None:
     from tests.oracle import SCHEMA
 
     spark = spark_session("sink-history-crash", "local[1]", {
-        "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}, delta=args.engine == "delta-spark")
+        "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false", **SMALL_TABLES_CONF},
+        delta=args.engine == "delta-spark")
     spark.sparkContext.setLogLevel("ERROR")
     sink = UpsertSink(config(Path(args.work), args.scope, args.engine))
     for b, events in enumerate(stream(args.scope)[: CRASH_BATCH + 1]):

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from sink.task_context import spark_local_dirs
-from tests.engines import ENGINE_OPTIONS
+from tests.engines import ENGINE_OPTIONS, SMALL_TABLES_CONF
 from tests.oracle import (
     SCHEMA,
     Event,
@@ -284,7 +284,7 @@ def main() -> None:
         # A shard's task goes to whichever executor is free, as on a busy cluster: with reduce
         # locality (and its wait) it tends to stay where its input was written, and a stream
         # could keep every shard on one executor, testing no move at all.
-        "spark.shuffle.reduceLocality.enabled": "false", "spark.locality.wait": "0",
+        "spark.shuffle.reduceLocality.enabled": "false", "spark.locality.wait": "0", **SMALL_TABLES_CONF,
     })
     spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "ERROR"))
     work = Path(args.work)
