@@ -55,7 +55,7 @@ DAYS = 30
 STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash", "spark-merge-crash")
 CRASH_BATCHES = (2, 5)
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
-OCCUPIED_BATCHES = (2, 4, 6)
+OCCUPIED_BATCHES = (1, 3, 5)
 
 
 def run_then_kill(task, folder: str, ctx, batches):
@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--streams", default=",".join(STREAMS), help=f"streams to run, in order, of {STREAMS}")
     parser.add_argument("--keys", type=int, default=20_000)
-    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--per-batch", type=int, default=15_000)
     parser.add_argument("--shards", type=int, default=4)
     args = parser.parse_args()
