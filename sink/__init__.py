@@ -10,6 +10,7 @@ from sink.errors import (
     ReplicaLockedError,
     SchemaError,
     SinkError,
+    UnrecordedCommitError,
     UnsupportedTableError,
     WriterIdReusedError,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "SchemaError",
     "SinkConfig",
     "SinkError",
+    "UnrecordedCommitError",
     "UnsupportedTableError",
     "UpsertSink",
     "WriterIdReusedError",

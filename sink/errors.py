@@ -44,6 +44,12 @@ class CommitCheckError(SinkError):
     was committed."""
 
 
+class UnrecordedCommitError(SinkError):
+    """Spark committed a batch without the sink's app transaction (the session's Delta commit
+    confs were changed while it committed): the batch would not count as done, so the query
+    stops rather than carry on from a table that does not record it."""
+
+
 class UnsupportedTableError(SinkError):
     """The table uses a feature the batch's commit path cannot honour and has no fallback for
     (a history table with deletion vectors, say): nothing was written."""

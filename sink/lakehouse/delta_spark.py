@@ -13,8 +13,10 @@ Paths, per batch, by what the table allows (`update_mode`):
 
 Spark's commits carry the app transaction through the session confs
 `spark.databricks.delta.write.txnAppId`/`txnVersion` (Delta reads no writer option for
-MERGE), set and unset around each write since they are session-wide; the sink's commit
-metadata goes into the commit's `userMetadata` (sink.lakehouse.log reads it back)."""
+MERGE), set and unset around each write since they are session-wide, by one sink of the
+session at a time (sink.session.confs); the sink's commit metadata goes into the commit's
+`userMetadata` (sink.lakehouse.log reads it back). A commit that landed without the app
+transaction is refused (UnrecordedCommitError), never taken as the batch's."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_type
 
-from sink.errors import ConfigError
+from sink.errors import ConfigError, UnrecordedCommitError
 from sink.lakehouse import versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
@@ -49,6 +51,7 @@ from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.writes import WRITE_COLUMN, Writes, changing, distinct_partitions
 from sink.ordering import columns_of
 from sink.prepare import sql_string
+from sink.session.confs import session_confs
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -170,7 +173,7 @@ class DeltaSparkTarget(DeltaTarget):
             else:
                 unchanged = max(0, updates - self._merge(source, upsert_clauses(spec, partitions)))
         self.refresh()
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions), unchanged)
+        return CommitOutcome(mode, self._landed_by_spark(app_id, batch_id, before), len(partitions), unchanged)
 
     def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
@@ -189,7 +192,7 @@ class DeltaSparkTarget(DeltaTarget):
             else:
                 self._append_nothing(writes.schema)
         self.refresh()
-        return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(merged.partitions)), merged
+        return CommitOutcome("merge", self._landed_by_spark(app_id, batch_id, before), len(merged.partitions)), merged
 
     def _written_columns(self, schema: pa.Schema) -> list[str]:
         """The columns the sink writes: all but the identity columns, whose values are Spark's."""
@@ -243,21 +246,29 @@ class DeltaSparkTarget(DeltaTarget):
     @contextmanager
     def _transaction(self, app_id: str, batch_id: int, custom_metadata: Mapping[str, str], mode: str) -> Iterator[None]:
         """The session confs that make Spark's next commit carry (app_id, batch_id) and the
-        sink's metadata, unset after it (a commit failing on a concurrent one is CommitFailedError)."""
-        spark = self._session()
+        sink's metadata, unset after it (a commit failing on a concurrent one is CommitFailedError);
+        no other sink of the session commits in between (sink.session.confs)."""
         confs = {TXN_APP_ID: app_id, TXN_VERSION: str(batch_id),
                  USER_METADATA: json.dumps(commit_record(app_id, batch_id, custom_metadata, mode))}
-        for key, value in confs.items():
-            spark.conf.set(key, value)
         try:
-            yield
+            with session_confs(self._session(), confs):
+                yield
         except Exception as e:
             if _concurrent_commit(e):
                 raise CommitFailedError(f"{self.uri}: {e}") from e
             raise
-        finally:
-            for key in confs:
-                spark.conf.unset(key)
+
+    def _landed_by_spark(self, app_id: str, batch_id: int, after: int) -> int:
+        """The version Spark committed the batch in, found by its app transaction: a commit
+        without it (the session's confs changed under it) is refused, never taken as the batch's."""
+        landed = next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id), None)
+        if landed is None:
+            raise UnrecordedCommitError(
+                f"{self.uri}: Spark committed batch {batch_id} without the sink's app transaction ({app_id}): "
+                f"something else set or unset {TXN_APP_ID} in the session while it committed. The batch's rows "
+                "are in the table but not recorded as the batch's; stop the other use of the session's Delta "
+                "confs and restart the query (it replays the batch).")
+        return landed
 
     def _session(self) -> SparkSession:
         if self._spark is None:

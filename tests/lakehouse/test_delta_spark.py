@@ -270,3 +270,30 @@ def test_records_breaking_a_check_constraint_go_to_quarantine_naming_it_on_a_fea
     with pytest.raises(Exception, match="amount_not_negative"):
         failing(spark.createDataFrame([(*bad, -5)], SCHEMA + ", amount long").selectExpr("*", "upper(v) AS g"), 3)
     failing.close()
+
+
+def test_a_spark_commit_that_lost_the_sinks_app_transaction_is_refused_not_taken_as_the_batch(spark, tmp_path,
+                                                                                               monkeypatch):
+    """Another user of the session sets Delta's commit confs while the batch commits (as two
+    queries of one Connect session did, each committing with the other's): the commit lands
+    without the batch's app transaction, and the sink says so instead of carrying on."""
+    from contextlib import contextmanager
+
+    from sink import UnrecordedCommitError
+    from sink.lakehouse import delta_spark
+    from sink.session.confs import session_confs
+
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV)
+    sink = UpsertSink(config(tmp_path, uri))
+    sink(spark.createDataFrame([Event("a", "2025-01-01", 1, "u", "x")], SCHEMA), 0)
+
+    @contextmanager
+    def overwritten(session, confs):
+        with session_confs(session, {**confs, delta_spark.TXN_APP_ID: "another-query"}):
+            yield
+
+    monkeypatch.setattr(delta_spark, "session_confs", overwritten)
+    with pytest.raises(UnrecordedCommitError, match=r"committed batch 1 without the sink's app transaction \(w\)"):
+        sink(spark.createDataFrame([Event("a", "2025-01-01", 2, "u", "y")], SCHEMA), 1)
+    sink.close()
