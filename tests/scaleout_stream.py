@@ -7,7 +7,8 @@ files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" a
 "global-history" (plain and global into an SCD type 2 table, the seed its first batch),
 "history-crash" (history, killed as crash is), "spark-merge-crash" (plain under
 engine = "delta-spark", its updates MERGEd by Spark from the writes the executors tagged,
-an executor JVM killed inside a tagging task in CRASH_BATCHES).
+an executor JVM killed inside a tagging task in SPARK_MERGE_CRASH_BATCHES, the stream
+SPARK_MERGE_BATCHES long: Spark's MERGE costs 10-30 s a batch on two executors).
 
 Where the scheduler sends a shard's task is up to Spark, and a stream can keep every shard on
 one executor. So in OCCUPIED_BATCHES (but in the crash stream) one executor is kept busy by a
@@ -54,6 +55,7 @@ NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
 STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash", "spark-merge-crash")
 CRASH_BATCHES = (2, 5)
+SPARK_MERGE_BATCHES, SPARK_MERGE_CRASH_BATCHES = 4, (2,)  # a batch after the crash, on its new executor
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
 OCCUPIED_BATCHES = (1, 3, 5)
 
@@ -188,6 +190,10 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     history = "history" in name
     crash = name.endswith("crash")
     spark_merge = ENGINE_OPTIONS["delta-spark"] if name.startswith("spark-merge") else {}
+    if spark_merge:
+        batches, crash_batches = min(batches, SPARK_MERGE_BATCHES), SPARK_MERGE_CRASH_BATCHES
+    else:
+        crash_batches = CRASH_BATCHES
     cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
                      num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if history else 1,
@@ -224,7 +230,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         landing.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), landing)
         df = spark.read.schema(SCHEMA).parquet(str(landing))
-        armed = crash and b in CRASH_BATCHES
+        armed = crash and b in crash_batches
         if armed:
             (work / ARMED).touch()
         occupation = None

@@ -16,6 +16,8 @@ from tests.scaleout_stream import (
     DAYS,
     NOW,
     OCCUPIED_BATCHES,
+    SPARK_MERGE_BATCHES,
+    SPARK_MERGE_CRASH_BATCHES,
     late_batches,
     seed_events,
     seed_table,
@@ -141,8 +143,8 @@ def test_delta_sparks_merge_reads_the_writes_on_two_executors_one_killed_inside_
     tagged its shard: Spark tags the lost shards again (their staged index entries cleared
     first), the MERGE reads what it needs again, and the table stays exact."""
     stream = next(s for s in two_executors if s["stream"] == "spark-merge-crash")
-    assert [b["exact"] for b in stream["batches"]] == [True] * len(stream["batches"])
-    assert [b["batch"] for b in stream["batches"] if b["killed"]] == list(CRASH_BATCHES)
+    assert [b["exact"] for b in stream["batches"]] == [True] * SPARK_MERGE_BATCHES
+    assert [b["batch"] for b in stream["batches"] if b["killed"]] == list(SPARK_MERGE_CRASH_BATCHES)
     assert {b["mode"] for b in stream["batches"]} == {"merge"}
     assert [b["never_committed"] for b in stream["batches"]] == [0] * len(stream["batches"])
 
