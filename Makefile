@@ -33,7 +33,7 @@ run: $(STAMP)
 test: $(STAMP) test-tools delta-jars
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest -q
-	@echo "the tests marked connect again, through a local Spark Connect server (a process holds one kind of session)"
+	@echo "the tests marked connect again, through a Spark Connect server started by the docs' recipe (a process holds one kind of session)"
 	SINK_SPARK=connect $(PY) -m pytest -q
 
 # The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000 while it runs.

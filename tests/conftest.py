@@ -4,10 +4,11 @@ import pytest
 
 from tests.engines import SMALL_TABLES_CONF
 
-# SINK_SPARK=connect: the run's session is a Spark Connect one (`remote("local[2]")`), and only
-# the tests marked `connect` run; `@pytest.mark.connect(split="x")` takes only the cases whose
-# parameters have those values. A process holds one kind of session, so `make test` runs the
-# suite twice: classic (everything) and Connect (the `connect` tests).
+# SINK_SPARK=connect: the run's session is a Spark Connect one, to a server started by the
+# docs' recipe (tests/connect_server.py), and only the tests marked `connect` or
+# `connect_server` run; `@pytest.mark.connect(split="x")` takes only the cases whose parameters
+# have those values. A process holds one kind of session, so `make test` runs the suite twice:
+# classic (all but the `connect_server` tests) and Connect.
 CONNECT = os.environ.get("SINK_SPARK") == "connect"
 
 SESSION_CONF = {
@@ -20,9 +21,10 @@ SESSION_CONF = {
 
 
 def pytest_collection_modifyitems(config, items):
-    if not CONNECT:
-        return
-    selected = [item for item in items if runs_under_connect(item)]
+    if CONNECT:
+        selected = [item for item in items if runs_under_connect(item) or item.get_closest_marker("connect_server")]
+    else:
+        selected = [item for item in items if not item.get_closest_marker("connect_server")]
     config.hook.pytest_deselected(items=[item for item in items if item not in selected])
     items[:] = selected
 
@@ -36,17 +38,28 @@ def runs_under_connect(item) -> bool:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def connect_server(tmp_path_factory):
+    """The Connect pass's server on local[2], started as docs/spark-connect.md says, with the
+    session's settings from its start (a client could set only the runtime ones)."""
+    from tests.connect_server import ConnectServer
+
+    server = ConnectServer.start(tmp_path_factory.mktemp("connect-server") / "server.log", conf=SESSION_CONF)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(request):
     """One SparkSession for every integration test (starting one takes ~10 s), with Delta's
-    Spark engine (tests read the sink's tables with it). Connect: a local Connect server on
-    local[2], with Delta's package, extension and catalog, which this process talks to as a
-    client."""
+    Spark engine (tests read the sink's tables with it). Connect: a client of the
+    `connect_server`, which has Delta's package, extension and catalog."""
     from jobs.spark_session import spark_session
 
     if CONNECT:
         from sink.session import is_connect
 
-        session = spark_session("sink-connect-tests", remote="local[2]", conf=SESSION_CONF, delta=True)
+        server = request.getfixturevalue("connect_server")
+        session = spark_session("sink-connect-tests", remote=server.url, delta=True)
         assert is_connect(session)
     else:
         session = spark_session("sink-tests", master="local[2]", conf=SESSION_CONF, delta=True)

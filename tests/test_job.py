@@ -12,8 +12,8 @@ from jobs.job_config import SOURCE_FORMATS, load_job_config
 from jobs.upsert_stream import run
 from sink import SchemaError
 from sink.errors import ConfigError
-from tests.lakehouse.spark_sql_tables import COLUMNS
-from tests.oracle import expected_history, expected_rows, random_batches
+from tests.lakehouse.spark_sql_tables import FEATURE_RICH_REASON, amount_of, create_feature_rich
+from tests.oracle import Event, expected_history, expected_rows, random_batches
 from tests.scaleout_stream import history_rows
 
 pytestmark = pytest.mark.spark
@@ -37,12 +37,12 @@ max_files_per_trigger = 1
 """
 
 
-def drop_file(landing, name, events):
+def drop_file(landing, name, events, record=lambda e: e._asdict()):
     """A landing file, one second newer than the ones before it: a file stream admits files by
     modification time, and the oracle assumes the order they were dropped in."""
     landing.mkdir(parents=True, exist_ok=True)
     path = landing / name
-    path.write_text("".join(json.dumps(e._asdict()) + "\n" for e in events))
+    path.write_text("".join(json.dumps(record(e)) + "\n" for e in events))
     mtime = 1_700_000_000 + len(list(landing.iterdir()))
     os.utime(path, (mtime, mtime))
 
@@ -222,69 +222,46 @@ def test_the_job_through_spark_connect_matches_the_oracle_and_leaves_its_replica
     assert [(s["shard"], s["state"], s["clean"]) for s in shards] == [(0, "closed", True), (1, "closed", True)]
 
 
-def test_the_job_through_a_connect_server_started_with_deltas_recipe(spark, tmp_path):
+@pytest.mark.connect_server
+def test_the_job_through_a_connect_server_started_with_deltas_recipe(spark, connect_server, tmp_path):
     """docs/spark-connect.md's recipe: a Connect server started by spark-submit with Delta's
-    package, extension and catalog; the job connects to it (`--remote sc://...`) and writes a
-    table Spark SQL created with deletion vectors through Delta's Spark engine. The client sets
-    none of the server's static settings (no CANNOT_MODIFY_CONFIG warnings), and the batch
-    line is in the server's log."""
-    import socket
-
-    import pyspark
-
-    from sink.lakehouse import spark_delta
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PYSPARK_PYTHON": sys.executable}
-    server_log = tmp_path / "server.log"
-    submit = str(Path(sys.executable).parent / "spark-submit")
-    with open(server_log, "w") as out:
-        server = subprocess.Popen([submit, "--master", "local[2]", "--class",
-                                   "org.apache.spark.sql.connect.service.SparkConnectServer",
-                                   *spark_delta.submit_args(), "--conf", f"spark.connect.grpc.binding.port={port}",
-                                   "--conf", f"spark.pyspark.python={sys.executable}"],
-                                  env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(port, server, timeout_s=180)
-        conf = tmp_path / "sink.toml"
-        conf.write_text(CONFIG.replace("metrics_port = 0", 'metrics_port = 0\ntag_on = "driver"\nnum_shards = 2\n'
-                                       'engine = "delta-spark"'))
-        uri = str(tmp_path / "data" / "table")
-        # Created by Spark SQL (this process holds a classic session: a Connect client cannot start here).
-        spark.sql(f"CREATE TABLE delta.`{uri}` ({COLUMNS}) USING delta PARTITIONED BY (dt) "
-                  "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-        batches = random_batches(6, batches=2, per_batch=200)
-        for i, events in enumerate(batches):
-            drop_file(tmp_path / "data" / "landing", f"f{i}.json", events)
-        job = [sys.executable, "-m", "jobs.upsert_stream", "--config", str(conf), "--once", "--remote",
-               f"sc://127.0.0.1:{port}"]
-        run = subprocess.run(job, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
-                             timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-        for noise in ("CANNOT_MODIFY_CONFIG", "Failed to set", "Traceback"):
-            assert noise not in run.stderr, run.stderr[-3000:]
-        rows = pa.table(DeltaTable(uri).scan(columns=["id", "dt", "ts", "op", "v"])).to_pylist()
-        assert sorted(rows, key=lambda r: (r["dt"], r["id"])) == expected_rows(batches)
+    package, extension and catalog (the Connect pass's own: tests/connect_server.py); the job
+    connects to it (`--remote sc://...`) and feeds, through Delta's Spark engine, the tables a
+    Connect user created with Spark SQL: deletion vectors, a change data feed, an identity
+    column, a generated column and a CHECK constraint, one tagged on the driver and one on the
+    executors. The negative amounts the constraint refuses go to quarantine naming it; the
+    client sets none of the server's static settings (no CANNOT_MODIFY_CONFIG warnings), and
+    the batch lines are in the server's log."""
+    tables = {tag_on: str(tmp_path / "data" / tag_on) for tag_on in ("driver", "executors")}
+    sinks = "".join(_sink_table(tag_on, f'tag_on = "{tag_on}"\nnum_shards = 2\nengine = "delta-spark"\n')
+                    for tag_on in tables)
+    source = CONFIG.split("[source]")[1].replace('v STRING"',
+                                                 'v STRING, amount BIGINT"\nselect = ["*", "upper(v) AS g"]')
+    conf = tmp_path / "sink.toml"
+    conf.write_text(sinks + "[source]" + source)
+    for uri in tables.values():
+        create_feature_rich(spark, uri)  # by Spark SQL, through this process's Connect session
+    batches = random_batches(6, batches=2, per_batch=200, bad_share=0)
+    landing = tmp_path / "data" / "landing"
+    for i, events in enumerate(batches):
+        drop_file(landing, f"f{i}.json", events, record=lambda e: {**e._asdict(), "amount": amount_of(e)})
+    logged = connect_server.log.stat().st_size
+    job = [sys.executable, "-m", "jobs.upsert_stream", "--config", str(conf), "--once", "--remote", connect_server.url]
+    run = subprocess.run(job, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for noise in ("CANNOT_MODIFY_CONFIG", "Failed to set", "Traceback"):
+        assert noise not in run.stderr, run.stderr[-3000:]
+    written = [[e for e in events if e.op == "d" or amount_of(e) >= 0] for events in batches]
+    expected = [{**r, "amount": amount_of(Event(**r)), "g": r["v"].upper()} for r in expected_rows(written)]
+    negative = sum(e.op != "d" and amount_of(e) < 0 for events in batches for e in events)
+    for uri in tables.values():
+        rows = pa.table(DeltaTable(uri).scan(columns=["id", "dt", "ts", "op", "v", "amount", "g"])).to_pylist()
+        assert sorted(rows, key=lambda r: (r["dt"], r["id"])) == expected, uri
+        reasons = DeltaTable(f"{uri}_quarantine").to_pyarrow_table(columns=["_quarantine_reason"]).column(0)
+        assert (len(reasons), set(reasons.to_pylist())) == (negative, {FEATURE_RICH_REASON})
         merges = [h for h in DeltaTable(uri).history() if h["operation"] == "MERGE"]
         assert merges and all(h["engineInfo"].startswith("Apache-Spark") for h in merges)
-        assert "upsert batch batch=1" in server_log.read_text()
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-
-
-def wait_for_port(port: int, process: subprocess.Popen, timeout_s: float) -> None:
-    """Until something listens on 127.0.0.1:`port` (a bounded wait on the server's own start)."""
-    import socket
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the server exited"
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"nothing listened on port {port} within {timeout_s} s")
+    with open(connect_server.log) as log:
+        log.seek(logged)
+        assert "upsert batch batch=1" in log.read()

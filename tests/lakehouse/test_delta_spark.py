@@ -12,7 +12,14 @@ from sink.errors import ConfigError, SchemaError, UnsupportedTableError
 from sink.lakehouse.delta_spark import DeltaSparkTarget
 from tests import damage
 from tests.conf_session import ConfSession
-from tests.lakehouse.spark_sql_tables import COLUMNS, create, spark_rows
+from tests.lakehouse.spark_sql_tables import (
+    COLUMNS,
+    FEATURE_RICH_REASON,
+    amount_of,
+    create,
+    create_feature_rich,
+    spark_rows,
+)
 from tests.oracle import SCHEMA, Event, expected_rows, random_batches, verify_replicas
 
 pytestmark = pytest.mark.spark
@@ -224,29 +231,16 @@ def test_a_batch_of_deletes_of_unknown_keys_records_its_transaction_from_the_exe
     assert spark_rows(spark, uri) == expected_rows([[Event("a", "2025-01-01", 1, "u", "x")]])
 
 
-# The table a Spark Connect user created (issue: other writers): every feature Spark users turn on.
-FEATURE_RICH = (COLUMNS + ", amount BIGINT, n BIGINT GENERATED ALWAYS AS IDENTITY, "
-                "g STRING GENERATED ALWAYS AS (upper(v))")
-FEATURE_RICH_PROPERTIES = ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', "
-                           "'delta.enableChangeDataFeed' = 'true')")
-
-
-def amount_of(e: Event) -> int:
-    """Each record's amount; about one upsert in eight is negative."""
-    return sum(map(ord, e.v or "")) % 80 - 10
-
-
-@pytest.mark.connect
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 def test_records_breaking_a_check_constraint_go_to_quarantine_naming_it_on_a_feature_rich_table(spark, tmp_path,
                                                                                              tag_on):
     """Deletion vectors, a change data feed, an identity column, a generated column and a CHECK
-    constraint, created by Spark SQL and written by delta-spark (through Spark Connect too, in
-    the Connect run): negative amounts break the constraint and go to quarantine with its name,
-    the rest is written exactly; with check_constraints = "fail" Delta's error fails the batch."""
+    constraint, created by Spark SQL and written by delta-spark (through a Connect server too:
+    tests/test_job.py): negative amounts break the constraint and go to quarantine with its
+    name, the rest is written exactly; with check_constraints = "fail" Delta's error fails the
+    batch."""
     uri = str(tmp_path / "table")
-    create(spark, uri, columns=FEATURE_RICH, properties=FEATURE_RICH_PROPERTIES,
-           constraint="amount_not_negative CHECK (amount >= 0)")
+    create_feature_rich(spark, uri)
     batches = random_batches(58, batches=3, per_batch=150, bad_share=0)
     sink = UpsertSink(config(tmp_path, uri, tag_on=tag_on))
     for b, events in enumerate(batches):
@@ -262,8 +256,7 @@ def test_records_breaking_a_check_constraint_go_to_quarantine_naming_it_on_a_fea
     quarantined = DeltaTable(f"{uri}_quarantine").to_pyarrow_table(columns=["amount", "_quarantine_reason"])
     negative = sum(e.op != "d" and amount_of(e) < 0 and e.id is not None for events in batches for e in events)
     assert quarantined.num_rows == negative > 0
-    assert set(quarantined.column("_quarantine_reason").to_pylist()) == {
-        "CHECK constraint amount_not_negative (amount >= 0) violated"}
+    assert set(quarantined.column("_quarantine_reason").to_pylist()) == {FEATURE_RICH_REASON}
     sink.close()
     failing = UpsertSink(config(tmp_path, uri, tag_on=tag_on, check_constraints="fail"))
     bad = Event("neg", "2025-01-01", 99, "u", "x")
