@@ -309,8 +309,12 @@ class DeltaTarget:
     def _landed(self, app_id: str, batch_id: int, after: int) -> int:
         """The version carrying (app_id, batch_id), committed after version `after`: the
         latest version may already be another writer's."""
-        return next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id),
-                    self.version())
+        landed = self._version_carrying(app_id, batch_id, after)
+        return self.version() if landed is None else landed
+
+    def _version_carrying(self, app_id: str, batch_id: int, after: int) -> int | None:
+        """The version after `after` whose app transaction is (app_id, batch_id), if any."""
+        return next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id), None)
 
 
 def rows_in(table: DeltaTable, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:

@@ -261,7 +261,7 @@ class DeltaSparkTarget(DeltaTarget):
     def _landed_by_spark(self, app_id: str, batch_id: int, after: int) -> int:
         """The version Spark committed the batch in, found by its app transaction: a commit
         without it (the session's confs changed under it) is refused, never taken as the batch's."""
-        landed = next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id), None)
+        landed = self._version_carrying(app_id, batch_id, after)
         if landed is None:
             raise UnrecordedCommitError(
                 f"{self.uri}: Spark committed batch {batch_id} without the sink's app transaction ({app_id}): "
