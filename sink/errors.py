@@ -63,3 +63,8 @@ class OtherWriterCommitError(SinkError):
     """Another writer's commit cannot be followed exactly (a RESTORE to a version the sink
     cannot place, log entries gone before the sink read them): refused before writing, naming
     the commit."""
+
+
+class DeletionVectorError(SinkError):
+    """A deletion vector in the table does not read as the protocol's format says (its size,
+    CRC-32, magic number or cardinality disagree with its descriptor): nothing was written."""

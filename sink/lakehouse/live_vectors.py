@@ -1,0 +1,94 @@
+"""Which deletion vector each live data file carries: the one piece of a snapshot `deltalake`
+does not expose (its add actions lack the descriptor; `deletion_vectors()` gives the rows, not
+the descriptor a commit's `remove` must name).
+
+Replayed from the log for deletion vectors alone (the latest classic checkpoint, then the JSON
+commits after it) and kept per table, moved forward commit by commit: a batch reads only the
+commits since the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import unquote
+
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sink.errors import DeletionVectorError
+from sink.lakehouse.deletion_vectors import Descriptor
+from sink.lakehouse.log import filesystem
+
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.(\d+))?\.parquet$")
+
+
+class LiveDeletionVectors:
+    """One table's data files that carry a deletion vector, by path (decoded), at a version."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self._fs, self._root = filesystem(uri)
+        self._version: int | None = None
+        self._live: dict[str, Descriptor] = {}
+
+    def at(self, version: int) -> dict[str, Descriptor]:
+        """The descriptors live at `version` (files without a deletion vector are absent)."""
+        if self._version is None or version < self._version or not self._apply(self._version + 1, version):
+            self._rebuild(version)
+        self._version = version
+        return self._live
+
+    def _rebuild(self, version: int) -> None:
+        checkpoint, parts = self._latest_checkpoint(version)
+        self._live = {}
+        if checkpoint is not None:
+            self._read_checkpoint(parts)
+        if not self._apply((checkpoint if checkpoint is not None else -1) + 1, version):
+            raise DeletionVectorError(f"{self.uri}: commits up to version {version} are not all in the log, "
+                                      "and no checkpoint covers them: the files' deletion vectors cannot be read")
+
+    def _apply(self, first: int, last: int) -> bool:
+        """Move forward over commits `first`..`last`; False when one is gone from the log."""
+        for version in range(first, last + 1):
+            try:
+                with self._fs.open_input_stream(f"{self._root}/_delta_log/{version:020d}.json") as f:
+                    lines = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+            except FileNotFoundError:
+                return False
+            # A commit replacing a file's deletion vector removes (path, old) and adds (path,
+            # new), in any order: removes first.
+            for action in lines:
+                if "remove" in action:
+                    self._live.pop(unquote(action["remove"]["path"]), None)
+            for action in lines:
+                if "add" in action:
+                    add = action["add"]
+                    if add.get("deletionVector"):
+                        self._live[unquote(add["path"])] = Descriptor.from_json(add["deletionVector"])
+                    else:
+                        self._live.pop(unquote(add["path"]), None)
+        return True
+
+    def _latest_checkpoint(self, version: int) -> tuple[int | None, list[str]]:
+        """The latest complete classic checkpoint at or before `version`, and its files."""
+        found: dict[int, dict[str, list[str]]] = {}
+        for info in self._fs.get_file_info(pafs.FileSelector(f"{self._root}/_delta_log")):
+            m = _CHECKPOINT.match(info.base_name)
+            if m and int(m[1]) <= version:
+                found.setdefault(int(m[1]), {}).setdefault(m[2] or "1", []).append(info.path)
+        for v in sorted(found, reverse=True):
+            for total, paths in found[v].items():
+                if len(paths) == int(total):
+                    return v, paths
+        return None, []
+
+    def _read_checkpoint(self, paths: list[str]) -> None:
+        for path in paths:
+            adds = pq.read_table(path, columns=["add"], filesystem=self._fs).column("add").combine_chunks()
+            adds = adds.filter(pc.is_valid(adds))
+            if adds.type.get_field_index("deletionVector") < 0:
+                continue
+            for add in adds.filter(pc.is_valid(pc.struct_field(adds, "deletionVector"))).to_pylist():
+                self._live[unquote(add["path"])] = Descriptor.from_json(add["deletionVector"])
