@@ -5,7 +5,7 @@ so each partition's changes to stored rows are all in one task: it rewrites the 
 files that hold changed keys and writes new keys (sink.lakehouse.rewrite; a history table's:
 its keys' rebuilt histories, sink.lakehouse.versions, every event of a partition in one
 task). New keys are spread over INSERT_SPLIT tasks. The task yields only what the
-driver commits: one FILE_OP row per file added or removed, its action as JSON, and one with
+driver commits: one FILE_OP row per file added, removed or marked, its action as JSON, and one with
 the task's counts. The rows the driver needs (tagging stats, quarantined records, delete
 records for the tombstone table: every row without a write) pass through.
 """
@@ -26,7 +26,8 @@ from deltalake.transaction import AddAction
 from sink import columns as C
 from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse import versions
-from sink.lakehouse.rewrite import Rewrite, StoredFile, WrittenFile, rewrite_files
+from sink.lakehouse.deletion_vectors import Descriptor
+from sink.lakehouse.rewrite import MarkedFile, Rewrite, StoredFile, WrittenFile, rewrite_files
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging import TOMBSTONE
 
@@ -57,6 +58,7 @@ class WriteContext:
     table_version: int = 0  # the version the batch was tagged against
     # A history table's batch (scd_type 2): the writes are its events (HISTORY_EVENT).
     history: HistoryBatch | None = None
+    merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.rewrite)
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -81,7 +83,7 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
         return
     columns = [*C.stream_columns(rows.column_names), WRITE_COLUMN, *([PARTIAL_COLUMN] if ctx.partial else [])]
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
-                    ctx.incoming_wins_ties, None)
+                    ctx.incoming_wins_ties, None, ctx.merge_on_read)
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
     yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),
@@ -115,7 +117,7 @@ class Written:
 
 def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
-    adds, removes, rows, changed, unchanged, seconds, history = [], [], 0, 0, 0, 0.0, None
+    adds, removes, marked, rows, changed, unchanged, seconds, history = [], [], [], 0, 0, 0, 0.0, None
     for action in map(json.loads, texts):
         if "add" in action:
             a = action["add"]
@@ -123,8 +125,10 @@ def read_written(texts: list[str]) -> Written:
             adds.append(WrittenFile(AddAction(a["path"], a["size"], a["partition_values"], a["modification_time"],
                                               True, a["stats"]), schema))
         elif "remove" in action:
-            r = action["remove"]
-            removes.append(StoredFile(r["path"], r["size"], r["partition_values"]))
+            removes.append(_stored(action["remove"]))
+        elif "mark" in action:
+            m = action["mark"]
+            marked.append(MarkedFile(_stored(m["stored"]), Descriptor.from_json(m["deletion_vector"]), m["stats"]))
         else:
             task = action["task"]
             rows += task["rows"]
@@ -133,7 +137,7 @@ def read_written(texts: list[str]) -> Written:
             seconds += task["seconds"]
             if "history" in task:
                 history = _summed(history or {}, task["history"])
-    return Written(Rewrite(adds, removes, unchanged), rows, changed, seconds, history)
+    return Written(Rewrite(adds, removes, unchanged, marked), rows, changed, seconds, history)
 
 
 def _summed(total: dict, more: dict) -> dict:
@@ -149,12 +153,30 @@ def added_json(written: WrittenFile) -> dict:
 
 
 def removed_json(stored: StoredFile) -> dict:
-    return {"remove": {"path": stored.path, "size": stored.size, "partition_values": stored.partition_values}}
+    return {"remove": _stored_json(stored)}
+
+
+def marked_json(marked: MarkedFile) -> dict:
+    return {"mark": {"stored": _stored_json(marked.stored), "deletion_vector": marked.deletion_vector.to_json(),
+                     "stats": marked.stats}}
+
+
+def _stored_json(stored: StoredFile) -> dict:
+    vector = stored.deletion_vector
+    return {"path": stored.path, "size": stored.size, "partition_values": stored.partition_values,
+            "deletion_vector": vector.to_json() if vector is not None else None}
+
+
+def _stored(d: dict) -> StoredFile:
+    vector = d["deletion_vector"]
+    return StoredFile(d["path"], d["size"], d["partition_values"],
+                      Descriptor.from_json(vector) if vector is not None else None)
 
 
 def _file_rows(schema: pa.Schema, rewrite: Rewrite, task: dict) -> pa.RecordBatch:
-    """A writing task's output rows: its files added and removed, then its counts (`task`)."""
-    actions = [*(added_json(w) for w in rewrite.adds), *(removed_json(f) for f in rewrite.removes), {"task": task}]
+    """A writing task's output rows: its files added, removed and marked, then its counts (`task`)."""
+    actions = [*(added_json(w) for w in rewrite.adds), *(removed_json(f) for f in rewrite.removes),
+               *(marked_json(m) for m in rewrite.marked), {"task": task}]
     texts = [json.dumps(a) for a in actions]
     n = len(texts)
     values = {C.OP: pa.array([FILE_OP] * n, pa.string()), C.STATS: pa.array(texts, pa.string())}

@@ -13,7 +13,7 @@ from sink import columns as C
 from sink.lakehouse import rewrite
 from sink.prepare import tagged_schema
 from sink.writing import FILE_OP, WriteContext, read_written, write_batches
-from tests.lakehouse.test_rewrite import DAYS, SCHEMA, contents, random_batch, seeded, writes_of
+from tests.lakehouse.test_rewrite import DAYS, SCHEMA, commit_rewrite, contents, random_batch, seeded, writes_of
 
 OUTPUT = to_arrow_schema(tagged_schema(from_arrow_schema(SCHEMA), 2), timezone="UTC")
 
@@ -56,7 +56,7 @@ def test_files_written_by_tasks_give_the_table_the_drivers_rewrite_gives(tmp_pat
     stored = seeded(by_tasks, seed=seed)
     for batch in range(1, 4):
         records = random_batch(rng, len(stored), by_driver)
-        done = rewrite.commit(DeltaTable(by_driver), by_driver, writes_of(records, partial=True, batch=batch))
+        done = commit_rewrite(by_driver, writes_of(records, partial=True, batch=batch))
         # As Spark routes them: each partition's writes in one task, two partitions in the first.
         tasks = [[r for r in records if r["day"] in days] for days in (DAYS[:2], DAYS[2:])]
         written = commit(by_tasks, run_tasks(context(by_tasks, partial=True), [tagged(t) for t in tasks]), batch)

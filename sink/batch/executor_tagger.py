@@ -20,9 +20,8 @@ from sink.batch.state import BatchState
 from sink.config import SinkConfig
 from sink.executor import tag_batches
 from sink.history_writes import HistoryBatch
-from sink.lakehouse.delta_rs import COMMIT_KINDS
+from sink.lakehouse.delta_rs import COMMIT_KINDS, MERGE_ON_READ
 from sink.lakehouse.engine import DeltaEngine
-from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.schema import with_added
 from sink.library_errors import partition_load_failure, spark_aborted_a_rerun
 from sink.ops import metrics
@@ -63,7 +62,9 @@ class ExecutorTagger:
         from the records: a MERGE, or a global-scope history table's rebuild, whose keys'
         versions span partitions)."""
         cfg = self._config
-        return target.update_mode() == "rewrite" and (cfg.scd_type == 1 or cfg.scope == "partitioned")
+        mode = target.update_mode()
+        return (mode == "rewrite" and (cfg.scd_type == 1 or cfg.scope == "partitioned")
+                or mode == MERGE_ON_READ and cfg.scd_type == 1)
 
     def leaves_writes_on_executors(self, target: DeltaEngine) -> bool:
         """Where the executors do not write the files, the MERGE (Spark's, or delta-rs' in a
@@ -84,7 +85,7 @@ class ExecutorTagger:
                 job = prepared.repartition(ctx.num_shards, F.expr(keys.spark_route_expr(ctx.num_shards))).mapInArrow(
                     partial(tag_batches, ctx), state.out_schema)
                 if ctx.write_files:
-                    snapshot, release = self._session.share(stored_files(self._target.table, self._config.partition_by))
+                    snapshot, release = self._session.share(self._target.stored_files())
                     job = self._writing(job, ctx, state, snapshot)
                 if ctx.merge_source:
                     return self._leave_writes(job, state), False
@@ -153,6 +154,7 @@ class ExecutorTagger:
             key_cols=tuple(cfg.key), ordering=tuple(cfg.ordering_columns), partition_by=tuple(cfg.partition_by),
             incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
             output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version, history=history,
+            merge_on_read=self._target.update_mode() == MERGE_ON_READ,
         )
         route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
                                             INSERT_SPLIT)

@@ -15,9 +15,16 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_d
 from deltalake.exceptions import CommitFailedError
 
 from sink.errors import ConfigError, UnsupportedTableError
-from sink.lakehouse import append, merge, merge_task, open_tables, rewrite, versions
+from sink.lakehouse import append, log_commit, merge, merge_task, open_tables, rewrite, versions
 from sink.lakehouse.contract import Contract
-from sink.lakehouse.features import GENERATION_EXPRESSION, merge_only_reason, unreadable_reason, unwritable_reason
+from sink.lakehouse.features import (
+    GENERATION_EXPRESSION,
+    merge_only_reason,
+    unreadable_reason,
+    unwritable_reason,
+    writes_deletion_vectors,
+)
+from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.log import CommitSummary, filesystem, read_commit
 from sink.lakehouse.merge_clauses import UpsertSpec, upsert_clauses
 from sink.lakehouse.predicates import partitions_predicate, quote_ident
@@ -40,8 +47,10 @@ __all__ = ["COMMIT_KINDS", "PARTIAL_COLUMN", "WRITE_COLUMN", "CommitFailedError"
 
 log = logging.getLogger(__name__)
 
-# How a batch's commit landed: new keys only, files rewritten, or a MERGE (the fallback).
-COMMIT_KINDS = ("append", "rewrite", "merge")
+# How a batch's commit landed: new keys only, files rewritten, rows marked in deletion vectors
+# (and their new versions written), or a MERGE (the fallback).
+MERGE_ON_READ = "merge-on-read"
+COMMIT_KINDS = ("append", "rewrite", MERGE_ON_READ, "merge")
 
 @dataclass(frozen=True)
 class CommitOutcome:
@@ -60,6 +69,7 @@ class DeltaTarget:
         self.commit_mode = commit_mode
         self._dt: DeltaTable | None = None
         self._merge_reason: str | None = None  # logged once per reason
+        self._vectors = LiveDeletionVectors(uri)
 
     def open_or_create(self, schema: pa.Schema, contract: Contract) -> DeltaTable:
         """Open the table; create it, empty, from the stream's schema and with the sink's
@@ -121,6 +131,13 @@ class DeltaTarget:
     def refresh(self) -> None:
         self.table.update_incremental()
 
+    def stored_files(self) -> dict[str, list[rewrite.StoredFile]]:
+        """The loaded version's files by partition id, with the deletion vectors they carry."""
+        table = self.table
+        features = table.protocol().writer_features or ()
+        vectors = self._vectors.at(table.version()) if "deletionVectors" in features else None
+        return rewrite.stored_files(table, self.partition_by, vectors)
+
     def version(self) -> int:
         return self.table.version()
 
@@ -166,15 +183,15 @@ class DeltaTarget:
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
         writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
-                        props)
+                        props, merge_on_read=mode == MERGE_ON_READ)
         if mode == "append":
             append.commit(self.table, writes, evolve=bool(added_columns))
             self.refresh()
             return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
         self._add_columns(added_columns, before)
-        if mode == "rewrite":
-            unchanged = rewrite.commit(self.table, self.uri, writes).unchanged
+        if mode in ("rewrite", MERGE_ON_READ):
+            unchanged = rewrite.commit(self.table, self.uri, writes, self.stored_files()).unchanged
         else:
             unchanged = merge.commit(self.table, writes, partitions)
         self._record_batch(app_id, batch_id, writes.schema, props)
@@ -211,11 +228,10 @@ class DeltaTarget:
         the loaded version, which the commit lands right after, or it fails (CommitFailedError)."""
         before = self.version()
         added_columns, schema = self._schema_adding(added_columns)
-        mode = "rewrite" if written.removes else "append"
+        mode = (MERGE_ON_READ if self.update_mode() == MERGE_ON_READ else "rewrite") if written.removes else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
         self._add_columns(added_columns, before)
-        rewrite.commit_rewrite(self.table, self.uri, written, rewrite.stored_files(self.table, self.partition_by),
-                               schema, self.partition_by, props)
+        rewrite.commit_rewrite(self.table, self.uri, written, self.stored_files(), schema, self.partition_by, props)
         self._record_batch(app_id, batch_id, schema, props)
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed, written.unchanged)
 
@@ -232,7 +248,7 @@ class DeltaTarget:
         vectors, column mapping)."""
         self._check_history_readable()
         before = self.version()
-        snapshot = rewrite.stored_files(self.table, self.partition_by)
+        snapshot = self.stored_files()
         if self.update_mode() == "merge":
             merged = versions.merge_rows(self.uri, snapshot, writes)
             props = commit_properties(app_id, batch_id, custom_metadata, "merge")
@@ -284,21 +300,28 @@ class DeltaTarget:
             self.refresh()
 
     def update_mode(self) -> str:
-        """How this batch's updates commit: "rewrite", or "merge" when configured or when the
-        table has a feature the rewrite cannot honour (logged once per reason)."""
+        """How this batch's updates commit: "rewrite"; "merge-on-read" on a table writing
+        deletion vectors; or "merge" when configured or when the table has a feature neither
+        honours (logged once per reason)."""
         if self.commit_mode == "merge":
             return "merge"
         reason = self._merge_only_reason()
         if reason is None:
             return "rewrite"
+        if writes_deletion_vectors(self.table):
+            reason = self._merge_only_reason(deletion_vectors_written=True)
+            unsupported = log_commit.unsupported_feature(self.table)
+            if reason is None and unsupported is None:
+                return MERGE_ON_READ
+            reason = reason or f"the table feature {unsupported!r}, which the merge-on-read commit does not write"
         if reason != self._merge_reason:
             log.warning("%s: updates commit through MERGE, not by rewriting files: the table uses %s",
                         self.uri, reason)
             self._merge_reason = reason
         return "merge"
 
-    def _merge_only_reason(self) -> str | None:
-        return merge_only_reason(self.table)
+    def _merge_only_reason(self, *, deletion_vectors_written: bool = False) -> str | None:
+        return merge_only_reason(self.table, deletion_vectors_written=deletion_vectors_written)
 
     def commits_since(self, version: int) -> list[CommitSummary]:
         """The commits after `version` up to the loaded one (a gone log entry reads as a

@@ -47,7 +47,6 @@ from sink.lakehouse.merge_clauses import (
     upsert_source,
 )
 from sink.lakehouse.predicates import quote_ident
-from sink.lakehouse.rewrite import stored_files
 from sink.lakehouse.writes import WRITE_COLUMN, Writes, changing, distinct_partitions
 from sink.ordering import columns_of
 from sink.prepare import sql_string
@@ -116,8 +115,9 @@ class DeltaSparkTarget(DeltaTarget):
         self._session().sql(f"ALTER TABLE delta.{quote_ident(self.uri)} SET TBLPROPERTIES ({properties})")
         self.refresh()
 
-    def _merge_only_reason(self) -> str | None:
-        return (self._spark is not None and unwritable_reason(self.table)) or merge_only_reason(self.table)
+    def _merge_only_reason(self, *, deletion_vectors_written: bool = False) -> str | None:
+        return ((self._spark is not None and unwritable_reason(self.table))
+                or merge_only_reason(self.table, deletion_vectors_written=deletion_vectors_written))
 
     def merges_on_executors(self) -> bool:
         return self._spark_merges() or super().merges_on_executors()
@@ -182,7 +182,7 @@ class DeltaSparkTarget(DeltaTarget):
             return super().commit_history(writes, app_id, batch_id, custom_metadata, added_columns)
         self._check_history_readable()
         before = self._check_latest()
-        merged = versions.merge_rows(self.uri, stored_files(self.table, self.partition_by), writes)
+        merged = versions.merge_rows(self.uri, self.stored_files(), writes)
         self._add_columns(added_columns, before)
         with self._transaction(app_id, batch_id, custom_metadata, "merge"):
             if merged.source.num_rows:

@@ -46,6 +46,9 @@ class DeltaEngine(Protocol):
     def refresh(self) -> None:
         """Read the table's latest version."""
 
+    def stored_files(self) -> dict[str, list[rewrite.StoredFile]]:
+        """The loaded version's files by partition id, with their deletion vectors."""
+
     def version(self) -> int: ...
 
     def table_id(self) -> str: ...
@@ -64,7 +67,8 @@ class DeltaEngine(Protocol):
     def transaction_version(self, app_id: str) -> int | None: ...
 
     def update_mode(self) -> str:
-        """How updates commit on this table: "rewrite" (copy-on-write of located files) or "merge"."""
+        """How updates commit on this table: "rewrite" (copy-on-write of located files),
+        "merge-on-read" (deletion vectors mark the located rows) or "merge"."""
 
     def commits_since(self, version: int) -> list[CommitSummary]: ...
 

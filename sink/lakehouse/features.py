@@ -42,13 +42,22 @@ _OFF = ("false", "none", "")
 _UNREADABLE = (_PROPERTIES["delta.enableDeletionVectors"], _PROPERTIES["delta.columnMapping.mode"])
 
 
-def merge_only_reason(table: DeltaTable) -> str | None:
-    """Why this table's updates must go through MERGE, or None when a rewrite may commit them.
+def merge_only_reason(table: DeltaTable, *, deletion_vectors_written: bool = False) -> str | None:
+    """Why this table's updates must go through MERGE, or None when a rewrite may commit them
+    (`deletion_vectors_written`: or the merge-on-read commit, which writes deletion vectors).
 
     Reads the snapshot's protocol, properties and field metadata (no I/O): what is in use, not
     what the protocol merely allows (legacy protocols, writer versions 2-6, list no features).
     """
-    return next(_reasons(table), None)
+    dv = _PROPERTIES["delta.enableDeletionVectors"]
+    return next((r for r in _reasons(table) if not (deletion_vectors_written and r == dv)), None)
+
+
+def writes_deletion_vectors(table: DeltaTable) -> bool:
+    """Writers may mark rows deleted in deletion vectors: the feature is supported and on
+    (PROTOCOL.md: new vectors only while `delta.enableDeletionVectors` is true)."""
+    enabled = table.metadata().configuration.get("delta.enableDeletionVectors") or ""
+    return _DELETION_VECTORS in (table.protocol().writer_features or ()) and enabled.lower() == "true"
 
 
 def unreadable_reason(table: DeltaTable) -> str | None:

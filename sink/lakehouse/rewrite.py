@@ -18,6 +18,7 @@ stay on MERGE (`features.merge_only_reason`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -25,8 +26,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from urllib.parse import unquote
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
@@ -35,10 +36,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
+from pyroaring import BitMap64
 
 from sink import keys
 from sink.errors import CommitCheckError
-from sink.lakehouse import file_cache
+from sink.lakehouse import deletion_vectors, file_cache, log_commit
+from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.stats import stats_json
 from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
@@ -57,6 +60,17 @@ class StoredFile:
     path: str  # as the log spells it (URL-encoded)
     size: int
     partition_values: dict[str, str | None]
+    deletion_vector: Descriptor | None = None  # the rows of the file the table no longer holds
+
+
+@dataclass(frozen=True)
+class MarkedFile:
+    """A stored file kept with a new deletion vector (merge-on-read): its old one (on the
+    `remove` the commit pairs with it) and more rows."""
+
+    stored: StoredFile
+    deletion_vector: Descriptor
+    stats: str  # `numRecords` the physical rows, bounds not tight (rows are hidden)
 
 
 @dataclass(frozen=True)
@@ -73,10 +87,16 @@ class Rewrite:
     adds: list[WrittenFile]
     removes: list[StoredFile]
     unchanged: int = 0
+    marked: list[MarkedFile] = field(default_factory=list)  # each also in `removes`, with its old vector
 
     @property
     def empty(self) -> bool:
         return not (self.adds or self.removes)
+
+    @property
+    def needs_log_commit(self) -> bool:
+        """Its actions carry deletion vectors, which `create_write_transaction` cannot commit."""
+        return bool(self.marked) or any(f.deletion_vector is not None for f in self.removes)
 
     @property
     def partitions_rewritten(self) -> int:
@@ -84,10 +104,10 @@ class Rewrite:
         return len({tuple(sorted(f.partition_values.items())) for f in self.removes})
 
 
-def commit(table: DeltaTable, uri: str, writes: Writes) -> Rewrite:
-    """Rewrite and commit on the version `table` has loaded (or fail: no retries); returns what
-    it committed. Commits nothing when no row changes (the caller records the batch)."""
-    snapshot = stored_files(table, writes.partition_by)
+def commit(table: DeltaTable, uri: str, writes: Writes, snapshot: Mapping[str, list[StoredFile]]) -> Rewrite:
+    """Rewrite and commit on the version `table` has loaded, whose files are `snapshot` (or
+    fail: no retries); returns what it committed. Commits nothing when no row changes (the
+    caller records the batch)."""
     rewrite = rewrite_files(uri, snapshot, writes)
     commit_rewrite(table, uri, rewrite, snapshot, writes.schema, writes.partition_by, writes.props)
     return rewrite
@@ -101,6 +121,10 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     if rewrite.empty:
         return 0
     check_actions(uri, rewrite, snapshot, schema, partition_by)
+    if rewrite.needs_log_commit:
+        log_commit.commit(table, uri, log_actions(rewrite), props, operation="MERGE",
+                          parameters={"predicate": "[]", "commitPath": "merge-on-read"}, metrics=log_metrics(rewrite))
+        return len(rewrite.removes)
     now = int(time.time() * 1000)
     removes = [RemoveAction(unquote(f.path), True, now, f.size, f.partition_values) for f in rewrite.removes]
     table.create_write_transaction([*removes, *(w.action for w in rewrite.adds)], mode="append",
@@ -109,16 +133,54 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     return len(rewrite.removes)
 
 
-def stored_files(table: DeltaTable, partition_by: Sequence[str]) -> dict[str, list[StoredFile]]:
-    """The snapshot's files by partition id."""
+def log_actions(rewrite: Rewrite) -> list[dict]:
+    """The rewrite's actions as the log spells them: a `remove` of each replaced or marked file
+    (with the deletion vector it had), an `add` of each marked file with its new one, and of
+    each new file."""
+    now = int(time.time() * 1000)
+    actions = []
+    for f in rewrite.removes:
+        remove = {"path": f.path, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
+                  "partitionValues": f.partition_values, "size": f.size}
+        if f.deletion_vector is not None:
+            remove["deletionVector"] = f.deletion_vector.to_json()
+        actions.append({"remove": remove})
+    for m in rewrite.marked:
+        actions.append({"add": {"path": m.stored.path, "partitionValues": m.stored.partition_values,
+                                "size": m.stored.size, "modificationTime": now, "dataChange": True, "stats": m.stats,
+                                "deletionVector": m.deletion_vector.to_json()}})
+    for w in rewrite.adds:
+        a = w.action
+        actions.append({"add": {"path": quote(a.path, safe="/="), "partitionValues": dict(a.partition_values),
+                                "size": a.size, "modificationTime": a.modification_time, "dataChange": True,
+                                "stats": a.stats}})
+    return actions
+
+
+def log_metrics(rewrite: Rewrite) -> dict[str, int]:
+    """The commit's metrics, named as Spark's MERGE names them."""
+    updated = sum(m.stored.deletion_vector is not None for m in rewrite.marked)
+    return {"numTargetFilesAdded": len(rewrite.adds),
+            "numTargetFilesRemoved": len(rewrite.removes) - len(rewrite.marked),
+            "numTargetDeletionVectorsAdded": len(rewrite.marked),
+            "numTargetDeletionVectorsUpdated": updated,
+            "numTargetDeletionVectorsRemoved": sum(f.deletion_vector is not None for f in rewrite.removes),
+            "numOutputRows": sum(json.loads(w.action.stats)["numRecords"] for w in rewrite.adds)}
+
+
+def stored_files(table: DeltaTable, partition_by: Sequence[str],
+                 vectors: Mapping[str, Descriptor] | None = None) -> dict[str, list[StoredFile]]:
+    """The snapshot's files by partition id; `vectors`: the deletion vectors its files carry,
+    by decoded path (sink.lakehouse.live_vectors)."""
     actions = pa.table(table.get_add_actions(flatten=False))
     values = actions.column("partition").to_pylist() if partition_by else [{}] * actions.num_rows
+    vectors = vectors or {}
     out: dict[str, list[StoredFile]] = {}
     for path, size, typed in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(),
                                  values):
         strings = {c: partition_string(typed[c]) for c in partition_by}
         pid = keys.partition_id(partition_by, [strings[c] for c in partition_by])
-        out.setdefault(pid, []).append(StoredFile(path, size, strings))
+        out.setdefault(pid, []).append(StoredFile(path, size, strings, vectors.get(unquote(path))))
     return out
 
 
@@ -141,25 +203,55 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         done = list(pool.map(one, range(len(names))))
-    return Rewrite([a for r in done for a in r.adds], [f for r in done for f in r.removes],
-                   sum(r.unchanged for r in done))
+    marks = [m for _, partition_marks in done for m in partition_marks]
+    return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
+                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks))
 
 
 def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
-                      writes: Writes) -> Rewrite:
+                      writes: Writes) -> tuple[Rewrite, list[Mark]]:
     """The writes `rows` of one partition, whose files are `files` (none: only inserts):
-    the rewritten files and new keys written, and the files they replace."""
+    the rewritten files and new keys written, the files they replace, and (merge-on-read) the
+    files whose rows it marks deleted."""
     values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
-    outputs, removed, unchanged = _partition_tables(fs, root, files, rows, values, writes)
+    outputs, removed, unchanged, marks = _partition_tables(fs, root, files, rows, values, writes)
     data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
-    return Rewrite(write_partition_files(fs, root, outputs, values, data_schema), removed, unchanged)
+    return Rewrite(write_partition_files(fs, root, outputs, values, data_schema), removed, unchanged), marks
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Merge-on-read: a stored file's rows to delete from now on, old deletion vector included."""
+
+    stored: StoredFile
+    rows: BitMap64
+    physical_rows: int
+
+
+def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark]) -> list[MarkedFile]:
+    """Write the marks' deletion vectors (one file for all of them) and pair them with their
+    files; a file whose every row is deleted is only removed (its remove is already listed)."""
+    kept = [m for m in marks if len(m.rows) < m.physical_rows]
+    if not kept:
+        return []
+    descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in kept])
+    return [MarkedFile(m.stored, d, _wide_stats(fs, root, m)) for m, d in zip(kept, descriptors)]
+
+
+def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark) -> str:
+    """A marked file's stats: its physical row count, its footer's bounds, not tight (the
+    protocol's requirement for a file with a deletion vector, and what Spark writes)."""
+    metadata = pq.read_metadata(f"{root}/{unquote(mark.stored.path)}", filesystem=fs)
+    stats = json.loads(stats_json(metadata, metadata.schema.to_arrow_schema(), skip=mark.stored.partition_values))
+    return json.dumps({**stats, "numRecords": mark.physical_rows, "tightBounds": False})
 
 
 def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
                       values: Mapping[str, str | None], writes: Writes
-                      ) -> tuple[list[pa.Table], list[StoredFile], int]:
+                      ) -> tuple[list[pa.Table], list[StoredFile], int, list[Mark]]:
     """One partition: the tables to write (rewritten files, then new keys), the files they
-    replace, and the no-op updates."""
+    replace, the no-op updates, and (merge-on-read) the files whose rows are marked deleted
+    instead, their new row versions written with the new keys."""
     # Files are probed for the updated and deleted keys only: the index found no stored row
     # for an insert (as the append path trusts it), and most of a partition's writes are
     # inserts (today's partition: ~10x its updates), each of which would be hashed again per
@@ -172,20 +264,30 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     matched = np.zeros(rows.num_rows, bool)
     outputs: list[pa.Table] = []
     removed: list[StoredFile] = []
+    marks: list[Mark] = []
     unchanged = 0
-    for f, stored, at in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema):
+    for f, stored, at, deleted in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema):
         matched[probed[at.drop_null().to_numpy()]] = True
-        result, no_ops = apply_writes(stored, changes, at, writes)
-        unchanged += no_ops
-        if result is not None:
-            outputs.append(result)
-            removed.append(f)
-            file_cache.WRITTEN.discard(f"{root}/{unquote(f.path)}")  # its rows live on in `result`
+        change = file_change(stored, changes, at, writes)
+        unchanged += change.unchanged
+        if not change.gone.any():
+            continue
+        removed.append(f)
+        if writes.merge_on_read:
+            marks.append(Mark(f, deleted | BitMap64(np.flatnonzero(change.gone).tolist()), stored.num_rows))
+            outputs.append(change.replaced)
+        else:
+            outputs.append(pa.concat_tables([stored.filter(pa.array(~change.gone)), change.replaced]))
+            file_cache.WRITTEN.discard(f"{root}/{unquote(f.path)}")  # its rows live on in the new file
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
-    if pc.any(new_keys).as_py():
-        outputs = with_inserts(outputs, conform(rows.filter(new_keys), writes.schema))
-    return outputs, removed, unchanged
+    inserts = conform(rows.filter(new_keys), writes.schema) if pc.any(new_keys).as_py() else None
+    if writes.merge_on_read:  # the new row versions and the new keys: one new file
+        outputs = [t for t in outputs if t.num_rows] + ([inserts] if inserts is not None else [])
+        outputs = [pa.concat_tables(outputs)] if outputs else []
+    elif inserts is not None:
+        outputs = with_inserts(outputs, inserts)
+    return outputs, removed, unchanged, marks
 
 
 def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> list[str]:
@@ -196,19 +298,26 @@ def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> li
 
 def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,
                    key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema
-                   ) -> Iterator[tuple[StoredFile, pa.Table, pa.Array]]:
+                   ) -> Iterator[tuple[StoredFile, pa.Table, pa.Array, BitMap64]]:
     """Of one partition's `files` (its partition `values`), those holding a row of
     `incoming_keys` (`row_keys`): each with its rows (in `schema`, partition columns
-    included) and, per row, its key's position in `incoming_keys` (null: none). Each file is
-    probed on its key columns first and read whole only when it matches."""
+    included, every physical row), per row its key's position in `incoming_keys` (null: none,
+    or a row its deletion vector deletes: those rows are not the table's), and the rows its
+    deletion vector deletes. Each file is probed on its key columns first and read whole only
+    when it matches."""
     key_schema = pa.schema([schema.field(c) for c in key_cols])
     for f in files:
+        deleted = BitMap64() if f.deletion_vector is None else deletion_vectors.read(fs, root, f.deletion_vector)
         with _stored_columns(fs, f"{root}/{unquote(f.path)}", key_cols) as (probe, read_rest):
             at = pc.index_in(row_keys(conform(probe, key_schema), key_cols), value_set=incoming_keys)
+            if deleted:
+                live = np.ones(len(at), bool)
+                live[deletion_vectors.positions(deleted)] = False
+                at = pc.if_else(pa.array(live), at, pa.nulls(len(at), at.type))
             if at.null_count == len(at):
                 continue
             rest = read_rest()
-        yield f, conform(_with_partition_values(_joined(probe, rest), values, schema), schema), at
+        yield f, conform(_with_partition_values(_joined(probe, rest), values, schema), schema), at, deleted
 
 
 @contextmanager
@@ -244,19 +353,28 @@ def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]
     return [*rewritten[:smallest], pa.concat_tables([rewritten[smallest], inserts]), *rewritten[smallest + 1:]]
 
 
-def apply_writes(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) -> tuple[pa.Table | None, int]:
-    """`stored` (one file, in the table's schema) after the batch's `rows`, where `at` gives
-    each stored row's incoming row (null: none); None when no row changes. Rows kept as they
-    were come first, then the updated ones. Also: how many updates were no-ops (the stored row
-    already holds exactly the new values, e.g. an event delivered again with its ordering):
-    they change nothing and rewrite no file."""
+@dataclass(frozen=True)
+class FileChange:
+    """What a batch changes in one stored file."""
+
+    gone: np.ndarray  # per stored row: replaced or deleted
+    replaced: pa.Table  # the new versions of the replaced rows (in the table's schema)
+    unchanged: int  # updates that were no-ops: the stored row already held their values
+
+
+def file_change(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) -> FileChange:
+    """The batch's `rows` applied to `stored` (one file, in the table's schema), where `at`
+    gives each stored row's incoming row (null: none). An update that is a no-op (the stored
+    row already holds exactly the new values, e.g. an event delivered again with its
+    ordering) changes nothing and rewrites no file."""
+    nothing = FileChange(np.zeros(stored.num_rows, bool), writes.schema.empty_table(), 0)
     hit = pc.is_valid(at)
     stored_hits = stored.filter(hit)
     incoming = rows.take(at.filter(hit))
     newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
                                 [stored_hits.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
     if not pc.any(newer).as_py():
-        return None, 0
+        return nothing
     updated = pc.and_(newer, pc.invert(pc.fill_null(pc.equal(incoming.column(WRITE_COLUMN), DELETE), False)))
     new = incoming.filter(updated)
     old = stored_hits.filter(updated)
@@ -268,11 +386,10 @@ def apply_writes(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes)
     gone = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
     gone[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
     if not gone.any():
-        return None, int(same.sum())
+        return FileChange(nothing.gone, nothing.replaced, int(same.sum()))
     changed = np.zeros(len(at), bool)  # per stored row
     changed[hit.to_numpy(zero_copy_only=False)] = gone
-    replaced = pa.table(columns, schema=writes.schema).filter(pa.array(~same))
-    return pa.concat_tables([stored.filter(pa.array(~changed)), replaced]), int(same.sum())
+    return FileChange(changed, pa.table(columns, schema=writes.schema).filter(pa.array(~same)), int(same.sum()))
 
 
 def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> np.ndarray:

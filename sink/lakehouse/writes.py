@@ -24,7 +24,8 @@ class Writes:
     """`rows`: one per key and partition, the table's columns in `schema` (its types and order,
     new columns included) plus WRITE_COLUMN (insert/update/delete) and, for partial updates,
     PARTIAL_COLUMN. Committed with `props` (the app transaction; no retries; None in the Spark
-    tasks that write a batch's files, whose driver commits them)."""
+    tasks that write a batch's files, whose driver commits them). `merge_on_read`: replaced
+    and deleted rows are marked in deletion vectors, not rewritten (sink.lakehouse.rewrite)."""
 
     rows: pa.Table
     schema: pa.Schema
@@ -33,6 +34,7 @@ class Writes:
     partition_by: list[str]
     incoming_wins_ties: bool
     props: CommitProperties | None
+    merge_on_read: bool = False
 
     @property
     def partial(self) -> bool:

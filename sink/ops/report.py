@@ -75,7 +75,7 @@ class BatchReport:
     partitions_held: int = 0
     cached_records: int = 0
     cached_bytes: int = 0
-    mode: str = "none"  # COMMIT_KINDS (append | rewrite | merge), skipped (a replay) or none (nothing to change)
+    mode: str = "none"  # COMMIT_KINDS (append | rewrite | merge-on-read | merge), skipped (a replay) or none
     table_version: int | None = None
     merge_partitions: int = 0
     retries: int = 0

@@ -43,6 +43,9 @@ def deletion_vectors(uri: str) -> int:
 
 
 DV = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+# Deletion vectors and a change data feed: the feed keeps updates on Spark's MERGE, which
+# writes deletion vectors (on deletion vectors alone the sink marks rows itself: merge-on-read).
+SPARK_MERGES = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.enableChangeDataFeed' = 'true')"
 IDENTITY = COLUMNS + ", n BIGINT GENERATED ALWAYS AS IDENTITY"
 
 
@@ -71,9 +74,9 @@ def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(
         sink(df.selectExpr("*", stream_adds) if stream_adds else df, b)
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
         assert DeltaTable(uri).transaction_version("w") == b
-    assert [r.mode for r in sink.reports] == ["merge"]
+    assert [r.mode for r in sink.reports] == ["merge-on-read" if properties == DV else "merge"]
     history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'MERGE'").count()
-    assert history == 3  # Spark's MERGE, not delta-rs' (which never writes deletion vectors)
+    assert history == 3  # Spark's MERGE or the merge-on-read commit, not delta-rs' (no deletion vectors)
     sink.close()
     assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
     if properties == DV:
@@ -88,7 +91,7 @@ def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(
 
 def test_spark_shows_the_sinks_commits_with_their_operation_metrics_and_app_transaction(spark, tmp_path):
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=DV)
+    create(spark, uri, properties=SPARK_MERGES)
     batches = random_batches(52, batches=2, per_batch=100, bad_share=0)
     sink = UpsertSink(config(tmp_path, uri))
     for b, events in enumerate(batches):
@@ -162,7 +165,7 @@ def test_executor_tagging_merges_the_writes_where_they_were_tagged(spark, tmp_pa
 
     monkeypatch.setattr(DeltaSparkTarget, "commit", driver_held)
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=DV)
+    create(spark, uri, properties=SPARK_MERGES)
     batches = random_batches(56, batches=5, per_batch=200)
     cfg = config(tmp_path, uri, tag_on="executors", num_shards=3)
     sink = UpsertSink(cfg)
@@ -222,7 +225,7 @@ def test_a_batch_of_deletes_of_unknown_keys_records_its_transaction_from_the_exe
     """Nothing to write but the batch's tombstones: the writes left on the executors are none,
     and Spark's empty append still records the batch, as the other paths do."""
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=DV)
+    create(spark, uri, properties=SPARK_MERGES)
     sink = UpsertSink(config(tmp_path, uri, tag_on="executors"))
     sink(spark.createDataFrame([Event("a", "2025-01-01", 1, "u", "x")], SCHEMA), 0)
     sink(spark.createDataFrame([Event("gone", "2025-01-01", 2, "d", None)], SCHEMA), 1)
@@ -277,7 +280,7 @@ def test_a_spark_commit_that_lost_the_sinks_app_transaction_is_refused_not_taken
     from sink.session.confs import session_confs
 
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=DV)
+    create(spark, uri, properties=SPARK_MERGES)
     sink = UpsertSink(config(tmp_path, uri))
     sink(spark.createDataFrame([Event("a", "2025-01-01", 1, "u", "x")], SCHEMA), 0)
 

@@ -28,6 +28,12 @@ def writes_of(records, schema=SCHEMA, ties=True, partial=False, batch=1, app="w"
     return Writes(pa.table(cols), schema, ["k1", "k2"], ["o1", "o2"], ["day"], ties, props)
 
 
+def commit_rewrite(path, writes):
+    """The rewrite's commit on the table's latest version (no deletion vectors in these tables)."""
+    table = DeltaTable(path)
+    return rewrite.commit(table, path, writes, rewrite.stored_files(table, writes.partition_by))
+
+
 def seeded(path, n=40, seed=0):
     rng = random.Random(seed)
     rows = [{"k1": i % 7, "k2": f"k{i}", "day": DAYS[i % 3], "o1": rng.randrange(3),
@@ -85,7 +91,7 @@ def test_rewrite_gives_the_table_merge_gives(tmp_path, seed, written_files):
         records = random_batch(rng, 40, a)
         w = writes_of(records, ties=ties, partial=partial, batch=batch)
         merge.commit(DeltaTable(a), w, [{"day": d} for d in DAYS])
-        rewrite.commit(DeltaTable(b), b, w)
+        commit_rewrite(b, w)
         assert contents(b) == contents(a)
     assert DeltaTable(b).transaction_version("w") in (None, 4)
 
@@ -107,7 +113,7 @@ def test_files_this_process_wrote_are_read_back_from_memory(tmp_path, written_fi
         opened.clear()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(rewrite.pq, "ParquetFile", counting)
-            done = rewrite.commit(DeltaTable(path), path, writes_of(updates, batch=batch))
+            done = commit_rewrite(path, writes_of(updates, batch=batch))
         merge.commit(DeltaTable(by_merge), writes_of(updates, batch=batch), [{"day": d} for d in DAYS])
         assert len(done.removes) == 3
         # Each partition has two files; batch 1 reads both (delta-rs wrote them), batch 2 only the
@@ -122,7 +128,7 @@ def test_only_files_with_a_changed_row_are_replaced(tmp_path):
     seeded(path)
     before = {unquote(p) for p in pa.table(DeltaTable(path).get_add_actions()).column("path").to_pylist()}
     row = {"k1": 3, "k2": "k3", "day": DAYS[0], "o1": 9, "o2": None, "v": "x", "n": 1, "w": "update"}
-    assert len(rewrite.commit(DeltaTable(path), path, writes_of([row])).removes) == 1
+    assert len(commit_rewrite(path, writes_of([row])).removes) == 1
     after = {unquote(p) for p in pa.table(DeltaTable(path).get_add_actions()).column("path").to_pylist()}
     assert len(before - after) == 1 and len(after - before) == 1  # of 6 files, one replaced
     assert [r["v"] for r in contents(path) if r["k2"] == "k3"] == ["x"]
@@ -148,7 +154,7 @@ def test_a_partition_taking_inserts_and_updates_every_batch_keeps_its_files_boun
                   "w": "update"}
         inserts = [{"k1": i % 7, "k2": f"b{batch}-{i}", "day": DAYS[0], "o1": 1, "o2": None, "v": "new", "n": i,
                     "w": "insert"} for i in range(30)]
-        rewrite.commit(DeltaTable(path), path, writes_of([update, *inserts], batch=batch))
+        commit_rewrite(path, writes_of([update, *inserts], batch=batch))
     files = [f for f in DeltaTable(path).file_uris() if "day=2024-01-01" in f]
     assert sorted(pq.ParquetFile(f).metadata.num_rows for f in files) == [1, 30, 30, 30, 30, 31]
     assert sum(1 for r in contents(path) if r["day"] == DAYS[0]) == 2 + 5 * 30
@@ -160,7 +166,7 @@ def test_a_partition_value_that_needs_escaping_is_removed_not_doubled(tmp_path):
     rows = seeded(path)
     stored = next(r for r in rows if r["day"] == "a b:c")
     update = {**stored, "o1": 9, "v": "moved on", "w": "update"}
-    rewrite.commit(DeltaTable(path), path, writes_of([update]))
+    commit_rewrite(path, writes_of([update]))
     mine = [r for r in contents(path) if r["k2"] == stored["k2"]]
     assert [r["v"] for r in mine] == ["moved on"]
     assert len(contents(path)) == len(rows)
@@ -173,7 +179,7 @@ def test_a_stale_or_tied_record_changes_no_file(tmp_path):
     version = DeltaTable(path).version()
     older = {**stored, "o1": stored["o1"] - 1, "v": "older", "w": "update"}
     tied = {**rows[5], "v": "tie", "w": "delete"}
-    assert rewrite.commit(DeltaTable(path), path, writes_of([older, tied], ties=False)).empty
+    assert commit_rewrite(path, writes_of([older, tied], ties=False)).empty
     assert DeltaTable(path).version() == version
 
 
@@ -188,13 +194,13 @@ def test_an_identical_redelivery_rewrites_no_file_and_matches_no_merge_update(tm
     if partial:
         again[1] = {**again[1], "v": None}  # null keeps the stored value: still the same row
     versions = DeltaTable(by_rewrite).version(), DeltaTable(by_merge).version()
-    done = rewrite.commit(DeltaTable(by_rewrite), by_rewrite, writes_of(again, partial=partial))
+    done = commit_rewrite(by_rewrite, writes_of(again, partial=partial))
     assert (done.empty, done.unchanged) == (True, 3)
     assert merge.commit(DeltaTable(by_merge), writes_of(again, partial=partial), [{"day": d} for d in DAYS]) == 3
     assert (DeltaTable(by_rewrite).version(), DeltaTable(by_merge).version()) == versions  # nothing committed
     # Beside a real change in the same file, only that change is written.
     changed = {**rows[3], "v": "changed", "w": "update"}
-    done = rewrite.commit(DeltaTable(by_rewrite), by_rewrite, writes_of([again[0], changed], partial=partial))
+    done = commit_rewrite(by_rewrite, writes_of([again[0], changed], partial=partial))
     assert (len(done.removes), done.unchanged) == (1, 1)
     assert merge.commit(DeltaTable(by_merge), writes_of([again[0], changed], partial=partial),
                         [{"day": d} for d in DAYS]) == 1
@@ -208,7 +214,7 @@ def test_files_without_a_new_column_read_it_as_null(tmp_path):
     wider = pa.schema([*SCHEMA, ("extra", pa.string())])
     DeltaTable(path).alter.add_columns([__import__("deltalake").Field("extra", "string")])
     row = {"k1": 0, "k2": "k7", "day": DAYS[1], "o1": 9, "o2": None, "v": "x", "n": 1, "extra": "e", "w": "update"}
-    rewrite.commit(DeltaTable(path), path, writes_of([row], schema=wider))
+    commit_rewrite(path, writes_of([row], schema=wider))
     table = contents(path)
     assert [r["extra"] for r in table if r["k2"] == "k7"] == ["e"]
     assert {r["extra"] for r in table if r["k2"] != "k7"} == {None}
@@ -219,7 +225,7 @@ def test_partial_updates_keep_stored_values_where_theirs_are_null(tmp_path):
     rows = seeded(path)
     stored = rows[0]
     row = {**stored, "o1": 9, "v": None, "n": 77, "w": "update", "partial": True}
-    rewrite.commit(DeltaTable(path), path, writes_of([row], partial=True))
+    commit_rewrite(path, writes_of([row], partial=True))
     got = next(r for r in contents(path) if r["k2"] == stored["k2"])
     assert (got["v"], got["n"], got["o1"]) == (stored["v"], 77, 9)
 
@@ -240,7 +246,7 @@ def test_written_files_carry_the_stats_delta_rs_writes(tmp_path, micros):
     latest = pa.scalar(micros, pa.timestamp("us", tz="UTC")).as_py()
     row = {"k1": 1, "k2": "new", "day": DAYS[0], "o1": 1, "o2": latest, "v": None, "n": 3, "w": "insert"}
     seeded_update = {"k1": 0, "k2": "k0", "day": DAYS[0], "o1": 9, "o2": None, "v": "z", "n": 4, "w": "update"}
-    rewrite.commit(DeltaTable(path), path, writes_of([row, seeded_update]))
+    commit_rewrite(path, writes_of([row, seeded_update]))
     new_file = new_file_stats(path)
     data = pq.read_table(f"{path}/{unquote(new_file.column('path')[0].as_py())}")
     write_deltalake(ref, data.append_column("day", pa.array([DAYS[0]] * data.num_rows)), partition_by=["day"])
@@ -267,7 +273,7 @@ def test_a_file_gone_before_the_commit_fails_the_check_and_commits_nothing(tmp_p
     monkeypatch.setattr(rewrite, "write_file", lost)
     row = {"k1": 0, "k2": "k0", "day": DAYS[0], "o1": 9, "o2": None, "v": "z", "n": 4, "w": "update"}
     with pytest.raises(CommitCheckError, match="missing"):
-        rewrite.commit(DeltaTable(path), path, writes_of([row]))
+        commit_rewrite(path, writes_of([row]))
     assert DeltaTable(path).version() == version
 
 

@@ -1,0 +1,127 @@
+"""Merge-on-read: on a table with deletion vectors, a batch's updates and deletes mark the
+stored rows in deletion vectors and write only the new row versions; Spark and delta-rs read
+the table as the oracle has it after every batch."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import CommitFailedError
+
+from sink import SinkConfig, UpsertSink
+from sink.lakehouse import log_commit
+from sink.lakehouse.contract import Contract
+from sink.lakehouse.delta_rs import DeltaTarget
+from sink.lakehouse.writes import commit_properties
+from tests.lakehouse.spark_sql_tables import create, spark_rows
+from tests.oracle import SCHEMA, expected_rows, random_batches
+
+pytestmark = pytest.mark.spark
+
+# Checkpoints every 4 versions: a restarted sink reads the files' vectors from one delta-rs wrote.
+DV_TABLE = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.checkpointInterval' = '4')"
+
+
+def config(tmp_path, uri: str, tag_on: str) -> SinkConfig:
+    return SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
+                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, tag_on=tag_on,
+                      engine="deltalake")
+
+
+def delta_rs_rows(uri: str) -> list[dict]:
+    read = QueryBuilder().register("t", DeltaTable(uri)).execute("SELECT id, dt, ts, op, v FROM t").read_all()
+    return sorted(pa.table(read).to_pylist(), key=lambda r: (r["dt"], r["id"]))
+
+
+def log_actions(uri: str, version: int) -> list[dict]:
+    return [json.loads(line) for line in (Path(uri) / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_a_stream_on_a_deletion_vector_table_marks_rows_and_reads_as_the_oracle(spark, tmp_path, tag_on):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV_TABLE)
+    batches = random_batches(47, batches=6, per_batch=200, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, tag_on))
+    for b, events in enumerate(batches):
+        if b == 3:  # a restart: the files' vectors are read again, from the log and its checkpoint
+            sink = UpsertSink(config(tmp_path, uri, tag_on))
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        if b == 2:  # a replay changes nothing
+            sink(spark.createDataFrame(events, SCHEMA), b)
+        expected = expected_rows(batches[: b + 1])
+        assert spark_rows(spark, uri) == expected, f"Spark after batch {b}"
+        assert delta_rs_rows(uri) == expected, f"delta-rs after batch {b}"
+    assert [r.mode for r in sink.reports] == ["merge-on-read"] * 3
+    table = DeltaTable(uri)
+    marked = pa.table(table.deletion_vectors()).num_rows
+    assert marked > 0
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'MERGE'").collect()
+    assert len(history) == 5 and all(json.loads(h.userMetadata)["upsert_sink.commit"] == "merge-on-read"
+                                      for h in history)
+    # No stored file was rewritten: every file a batch removed is added back with its new vector,
+    # or was entirely deleted.
+    for version in (h.version for h in history):
+        actions = log_actions(uri, version)
+        removed = {a["remove"]["path"] for a in actions if "remove" in a}
+        readded = {a["add"]["path"] for a in actions if "add" in a and "deletionVector" in a["add"]}
+        assert readded <= removed and readded, f"version {version}"
+    assert any(p.name.endswith(".checkpoint.parquet") for p in (Path(uri) / "_delta_log").iterdir())
+
+
+def test_a_commit_another_writer_got_to_first_fails_and_leaves_its_version_alone(spark, tmp_path):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV_TABLE)
+    spark.sql(f"INSERT INTO delta.`{uri}` VALUES ('a', 'd1', 1, 'u', 'x'), ('b', 'd1', 1, 'u', 'x')")
+    table = DeltaTable(uri)
+    spark.sql(f"DELETE FROM delta.`{uri}` WHERE id = 'a'")  # lands on the version the sink would take
+    theirs = (Path(uri) / "_delta_log" / f"{table.version() + 1:020d}.json").read_bytes()
+    with pytest.raises(CommitFailedError, match=f"version {table.version() + 1} was committed by another writer"):
+        log_commit.commit(table, uri, [], commit_properties("w", 0, {}, "merge-on-read"), operation="MERGE",
+                          parameters={}, metrics={})
+    assert (Path(uri) / "_delta_log" / f"{table.version() + 1:020d}.json").read_bytes() == theirs
+
+
+def test_spark_compacting_the_files_between_tagging_and_commit_is_a_conflict_retried_exactly(
+        spark, tmp_path, monkeypatch):
+    """OPTIMIZE rewrites the marked files: the row positions the batch found are stale, so its
+    commit must not land on top; it is retried against the compacted files."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV_TABLE)
+    batches = random_batches(53, batches=3, per_batch=200, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, "driver"))
+    for b, events in enumerate(batches[:2]):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    commit = log_commit.commit
+    optimized = []
+
+    def optimize_first(table, *args, **kwargs):
+        if not optimized:
+            optimized.append(spark.sql(f"OPTIMIZE delta.`{uri}`").collect())
+        return commit(table, *args, **kwargs)
+
+    monkeypatch.setattr(log_commit, "commit", optimize_first)
+    sink(spark.createDataFrame(batches[2], SCHEMA), 2)
+    assert optimized and sink.reports[-1].mode == "merge-on-read" and sink.reports[-1].retries == 1
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'OPTIMIZE'").count() == 1
+    assert spark_rows(spark, uri) == expected_rows(batches)
+    assert delta_rs_rows(uri) == expected_rows(batches)
+
+
+def test_a_table_with_a_feature_the_commit_does_not_write_merges_and_says_which(spark, tmp_path, caplog):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties="TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', "
+                                  "'delta.enableInCommitTimestamps' = 'true')")
+    target = DeltaTarget(uri, ["dt"])
+    target.open_or_create(pa.schema([]), Contract(("id",), ("dt",), "ts", "partitioned"))
+    assert target.update_mode() == "merge"
+    assert "the table feature 'inCommitTimestamp', which the merge-on-read commit does not write" in caplog.text
+    plain = str(tmp_path / "plain")
+    create(spark, plain, properties=DV_TABLE)
+    spark.sql(f"ALTER TABLE delta.`{plain}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')")
+    target = DeltaTarget(plain, ["dt"])
+    target.open_or_create(pa.schema([]), Contract(("id",), ("dt",), "ts", "partitioned"))
+    assert target.update_mode() == "merge"  # no new vectors while the property is off
+    assert "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)" in caplog.text
