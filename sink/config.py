@@ -163,9 +163,18 @@ class SinkConfig:
     in all at the default), so two writers that keep meeting take turns."""
     commit_mode: str = "auto"
     """A batch with updated or deleted keys: `"auto"` rewrites the files holding them and commits
-    the new files (falling back to MERGE, logged, on tables with features a rewrite cannot
-    honour: deletion vectors, column mapping, change data feed, constraints, generated
-    columns); `"merge"`: always delta-rs' MERGE."""
+    the new files, or on a table with deletion vectors marks their rows deleted in them and
+    writes only the new row versions (merge-on-read), falling back to MERGE, logged, on tables
+    with features neither honours (column mapping, change data feed, constraints, generated
+    columns); `"merge-on-read"`: as `"auto"`, on a table with deletion vectors: the sink
+    creates its table with them, and turns them on in an existing one only with
+    `allow_protocol_upgrade`; `"merge"`: always delta-rs' MERGE."""
+    allow_protocol_upgrade: bool = False
+    """With `commit_mode = "merge-on-read"` on an existing table without deletion vectors: turn
+    them on (`delta.enableDeletionVectors`), which upgrades its protocol to reader version 3
+    and writer version 7: readers without deletion-vector support (Delta Lake before 2.3,
+    for instance) can no longer read it. Off: such a table is refused, with the statement that
+    turns them on."""
     schema_evolution: str = "add_columns"
     """A stream column the table lacks: `"add_columns"` adds it (nullable) with the batch's commit,
     `"fail"` refuses the batch."""

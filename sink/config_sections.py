@@ -21,7 +21,7 @@ Ties = Literal["incoming", "existing"]
 TagOn = Literal["auto", "executors", "driver"]
 SchemaEvolution = Literal["add_columns", "fail"]
 CheckConstraints = Literal["quarantine", "fail"]
-CommitMode = Literal["auto", "merge"]
+CommitMode = Literal["auto", "merge-on-read", "merge"]
 ScdType = Literal[1, 2]
 
 SCOPES, ENGINES, TIES, TAG_ON = get_args(Scope), get_args(Engine), get_args(Ties), get_args(TagOn)
@@ -163,6 +163,7 @@ class CommitSection:
 
     engine: Engine
     commit_mode: CommitMode
+    allow_protocol_upgrade: bool
     max_commit_retries: int
     writer_id: str | None
     checkpoint_dir: str | None
@@ -171,6 +172,7 @@ class CommitSection:
     def of(cls, cfg: SinkConfig) -> CommitSection:
         require_choice("engine", cfg.engine, ENGINES)
         require_choice("commit_mode", cfg.commit_mode, COMMIT_MODES)
+        require_bool("allow_protocol_upgrade", cfg.allow_protocol_upgrade)
         require_int("max_commit_retries", cfg.max_commit_retries, 0, 100)
         if cfg.writer_id is not None:
             require_str("writer_id", cfg.writer_id)
@@ -179,7 +181,8 @@ class CommitSection:
                 "set checkpoint_dir (the query's checkpoint location) or writer_id: "
                 "the writer id makes commits exactly-once and must change with the checkpoint"
             )
-        return cls(cfg.engine, cfg.commit_mode, cfg.max_commit_retries, cfg.writer_id, cfg.checkpoint_dir)
+        return cls(cfg.engine, cfg.commit_mode, cfg.allow_protocol_upgrade, cfg.max_commit_retries, cfg.writer_id,
+                   cfg.checkpoint_dir)
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,10 @@ class HistorySection:
                                   "partition)")
         if len(named) == 2:
             raise ConfigError("set track_history_columns or track_history_except_columns, not both")
+        if cfg.scd_type == 2 and cfg.commit_mode == "merge-on-read":
+            raise ConfigError("commit_mode = 'merge-on-read' applies to scd_type = 1: a history table's rebuild "
+                              "reads its versions from the table's files, which deletion vectors would hide rows of; "
+                              "accepted with scd_type = 2: 'auto', 'merge'")
         return cls(cfg.scd_type, *(None if v is None else tuple(v)
                                    for v in (cfg.track_history_columns, cfg.track_history_except_columns)))
 

@@ -22,7 +22,7 @@ def test_each_section_holds_its_keys_typed():
     assert cfg.side_tables == sections.SideTablesSection("/data/t_quarantine", "/data/t_tombstones", 1800,
                                                          "/data/t_index_changelog", 1000)
     assert cfg.stream.incoming_wins_ties and cfg.stream.delete_when == "op = 'd'"
-    assert cfg.commit == sections.CommitSection("auto", "auto", 10, None, "/data/cp")
+    assert cfg.commit == sections.CommitSection("auto", "auto", False, 10, None, "/data/cp")
     assert cfg.runtime.tags_on_driver("local[2]") and not cfg.runtime.tags_on_driver("local-cluster[2,1,1024]")
     assert cfg.history == sections.HistorySection(1, None, None)
 
@@ -31,7 +31,7 @@ def test_the_modes_are_literal_types_whose_values_the_checks_accept():
     hints = typing.get_type_hints(sections.TableSection)
     assert typing.get_args(hints["scope"]) == sections.SCOPES == ("partitioned", "global")
     assert typing.get_args(typing.get_type_hints(sections.RuntimeSection)["tag_on"]) == ("auto", "executors", "driver")
-    accepted = r"commit_mode = 'always' is not accepted; accepted values: \['auto', 'merge'\]"
+    accepted = r"commit_mode = 'always' is not accepted; accepted values: \['auto', 'merge-on-read', 'merge'\]"
     with pytest.raises(ConfigError, match=accepted):
         SinkConfig(**BASE, commit_mode="always")
 

@@ -60,14 +60,15 @@ class Matrix:
         self.writers = []
         for engine, tag_on in WRITERS:
             name = f"{engine}-{tag_on}"
-            # delta-spark commits through Spark's MERGE once deletion vectors are on (before, as
-            # delta-rs does: a rewrite).
+            # Every writer rewrites files; once deletion vectors are on, marks rows in them
+            # (merge-on-read); once the change data feed is on, MERGEs (delta-spark: Spark's).
             cfg = SinkConfig(table_uri=self.uri, key=["id"], partition_by=["dt"], ordering="ts",
                              delete_when="op = 'd'", writer_id=name, index_dir=str(tmp_path / name), num_shards=2,
                              metrics_port=0, engine=engine, tag_on=tag_on)
             self.writers.append(Writer(cfg, UpsertSink(cfg)))
         self.ts = 0
         self.retries = 0
+        self.modes: dict[str, None] = {}  # the commit paths the writers' batches took, in order
 
     def events(self) -> list[Event]:
         """One batch: upserts and deletes of random keys, some late (older than what is stored)."""
@@ -90,6 +91,7 @@ class Matrix:
             racing(writer.sink, lambda: (race(), race_model()))
         writer.sink(self.frame(events), writer.batch)
         self.retries += writer.sink.reports[-1].retries
+        self.modes[writer.sink.reports[-1].mode] = None
         writer.batch += 1
         self.model.batch(events)
         self.check(f"{writer.cfg.writer_id} batch {writer.batch - 1}")
@@ -243,3 +245,5 @@ def test_maintenance_between_and_during_batches_under_both_engines_and_tagging_p
     for writer in m.writers:
         writer.sink.close()
     assert m.retries >= 4, "every race (four) was lost and followed"
+    assert [mode for mode in m.modes if mode not in ("append", "skipped", "none")] == [
+        "rewrite", "merge-on-read", "merge"]

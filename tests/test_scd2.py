@@ -205,6 +205,8 @@ def test_tracked_columns_must_be_stored_columns(spark, tmp_path):
     ({"track_history_columns": ["name"], "track_history_except_columns": ["city"]}, "not both"),
     ({"track_history_columns": ["userId"]}, r"key or partition column\(s\) \['userId'\]"),
     ({"track_history_columns": ["city"], "partition_by": ["city"]}, r"key or partition column\(s\) \['city'\]"),
+    ({"commit_mode": "merge-on-read"}, r"commit_mode = 'merge-on-read' applies to scd_type = 1: .* accepted with "
+                                       r"scd_type = 2: 'auto', 'merge'"),
 ])
 def test_history_config_errors_name_the_key(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):

@@ -18,6 +18,7 @@ from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, log_commit, merge, merge_task, open_tables, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import (
+    ENABLE_DELETION_VECTORS,
     GENERATION_EXPRESSION,
     merge_only_reason,
     unreadable_reason,
@@ -63,10 +64,12 @@ class CommitOutcome:
 class DeltaTarget:
     """The target table, as seen by one sink."""
 
-    def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto"):
+    def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
+                 allow_protocol_upgrade: bool = False):
         self.uri = uri
         self.partition_by = list(partition_by)
         self.commit_mode = commit_mode
+        self.allow_protocol_upgrade = allow_protocol_upgrade
         self._dt: DeltaTable | None = None
         self._merge_reason: str | None = None  # logged once per reason
         self._vectors = LiveDeletionVectors(uri)
@@ -78,12 +81,31 @@ class DeltaTarget:
             _refuse_foreign_location(self.uri)
             if DeltaTable.is_deltatable(self.uri):
                 self._dt = DeltaTable(self.uri)
+                self._turn_on_deletion_vectors()
             else:
+                vectors = {ENABLE_DELETION_VECTORS: "true"} if self.commit_mode == MERGE_ON_READ else {}
                 self._dt = DeltaTable.create(
                     self.uri, schema, partition_by=self.partition_by or None, mode="ignore",
-                    configuration=contract.properties(), raise_if_key_not_exists=False,
+                    configuration={**contract.properties(), **vectors}, raise_if_key_not_exists=False,
                 )
         return self._dt
+
+    def _turn_on_deletion_vectors(self) -> None:
+        """commit_mode = "merge-on-read" on a table without deletion vectors: turn them on
+        where the config allows the protocol upgrade, else refuse, naming both ways."""
+        if self.commit_mode != MERGE_ON_READ or writes_deletion_vectors(self.table):
+            return
+        if not self.allow_protocol_upgrade:
+            raise ConfigError(
+                f"commit_mode = 'merge-on-read' needs deletion vectors, which table {self.uri} does not write: "
+                f"turn them on (ALTER TABLE delta.`{self.uri}` SET TBLPROPERTIES ('{ENABLE_DELETION_VECTORS}' = "
+                "'true'): a protocol upgrade to reader version 3 and writer version 7, which readers without "
+                "deletion-vector support cannot read), or set allow_protocol_upgrade = true for the sink to do it, "
+                "or commit_mode = 'auto'; nothing was written")
+        log.warning("%s: turning deletion vectors on (commit_mode = 'merge-on-read', allow_protocol_upgrade): the "
+                    "table's protocol goes to reader version 3, writer version 7", self.uri)
+        self.table.alter.set_table_properties({ENABLE_DELETION_VECTORS: "true"}, raise_if_not_exists=False)
+        self.refresh()
 
     def contract(self) -> Contract | None:
         return Contract.from_properties(self.table.metadata().configuration)

@@ -68,8 +68,8 @@ class DeltaSparkTarget(DeltaTarget):
     Spark session (`attach`) where delta-rs cannot, or (`spark_writes = "merges"`) should not."""
 
     def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
-                 spark_writes: SparkWrites = "merges"):
-        super().__init__(uri, partition_by, commit_mode)
+                 allow_protocol_upgrade: bool = False, spark_writes: SparkWrites = "merges"):
+        super().__init__(uri, partition_by, commit_mode, allow_protocol_upgrade=allow_protocol_upgrade)
         self._spark_writes = spark_writes
         self._spark: SparkSession | None = None  # None: delta-rs writes all (auto, no Delta in the session)
 

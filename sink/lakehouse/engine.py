@@ -103,6 +103,8 @@ def delta_engine(config: SinkConfig) -> DeltaEngine:
     """The engine `config.engine` names; "auto" is delta-rs where it can write the table and
     Spark where it cannot, when the session has Delta's extension."""
     if config.engine == "deltalake":
-        return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode)
+        return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode,
+                           allow_protocol_upgrade=config.allow_protocol_upgrade)
     return DeltaSparkTarget(config.table_uri, config.partition_by, config.commit_mode,
+                            allow_protocol_upgrade=config.allow_protocol_upgrade,
                             spark_writes="merges" if config.engine == "delta-spark" else "unwritable")

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 from deltalake import DeltaTable
 
+ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
 # Table property prefix -> why the rewrite cannot honour it.
 _PROPERTIES = {
-    "delta.enableDeletionVectors": "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)",
+    ENABLE_DELETION_VECTORS: "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)",
     "delta.columnMapping.mode": "column mapping (files must use physical column names and ids)",
     "delta.enableChangeDataFeed": "change data feed (a rewrite cannot write the change files)",
     "delta.constraints.": "CHECK constraints (a rewrite does not evaluate them)",
@@ -39,7 +40,7 @@ _UNWRITABLE_FEATURES = {
 # An identity column on a protocol without a feature list (writer version 6).
 _IDENTITY_METADATA = "delta.identity."
 _OFF = ("false", "none", "")
-_UNREADABLE = (_PROPERTIES["delta.enableDeletionVectors"], _PROPERTIES["delta.columnMapping.mode"])
+_UNREADABLE = (_PROPERTIES[ENABLE_DELETION_VECTORS], _PROPERTIES["delta.columnMapping.mode"])
 
 
 def merge_only_reason(table: DeltaTable, *, deletion_vectors_written: bool = False) -> str | None:
@@ -49,14 +50,14 @@ def merge_only_reason(table: DeltaTable, *, deletion_vectors_written: bool = Fal
     Reads the snapshot's protocol, properties and field metadata (no I/O): what is in use, not
     what the protocol merely allows (legacy protocols, writer versions 2-6, list no features).
     """
-    dv = _PROPERTIES["delta.enableDeletionVectors"]
+    dv = _PROPERTIES[ENABLE_DELETION_VECTORS]
     return next((r for r in _reasons(table) if not (deletion_vectors_written and r == dv)), None)
 
 
 def writes_deletion_vectors(table: DeltaTable) -> bool:
     """Writers may mark rows deleted in deletion vectors: the feature is supported and on
     (PROTOCOL.md: new vectors only while `delta.enableDeletionVectors` is true)."""
-    enabled = table.metadata().configuration.get("delta.enableDeletionVectors") or ""
+    enabled = table.metadata().configuration.get(ENABLE_DELETION_VECTORS) or ""
     return _DELETION_VECTORS in (table.protocol().writer_features or ()) and enabled.lower() == "true"
 
 
@@ -97,7 +98,7 @@ def identity_columns(table: DeltaTable) -> list[str]:
 
 def _reasons(table: DeltaTable) -> Iterator[str]:
     if _DELETION_VECTORS in (table.protocol().writer_features or ()):
-        yield _PROPERTIES["delta.enableDeletionVectors"]
+        yield _PROPERTIES[ENABLE_DELETION_VECTORS]
     for key, value in table.metadata().configuration.items():
         for prefix, reason in _PROPERTIES.items():
             if key.startswith(prefix) and (prefix.endswith(".") or (value or "").lower() not in _OFF):

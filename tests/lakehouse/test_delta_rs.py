@@ -2,7 +2,7 @@ import json
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.schema import Field as DeltaField
 
 from sink.errors import ConfigError
@@ -22,11 +22,14 @@ def rows(*records):
 
 
 def contents(uri):
-    return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
+    """delta-rs' own reader: it applies deletion vectors (pyarrow's dataset would not)."""
+    read = QueryBuilder().register("t", DeltaTable(uri)).execute("SELECT * FROM t").read_all()
+    return sorted(pa.table(read).to_pylist(), key=lambda r: (r["dt"], r["id"]))
 
 
-# commit_mode -> how a batch with updates commits (on a table with no feature that needs MERGE).
-UPDATE_MODE = {"auto": "rewrite", "merge": "merge"}
+# commit_mode -> how a batch with updates commits (on a table with no feature that needs MERGE;
+# merge-on-read: the sink creates it with deletion vectors).
+UPDATE_MODE = {"auto": "rewrite", "merge-on-read": "merge-on-read", "merge": "merge"}
 
 
 @pytest.fixture(params=list(UPDATE_MODE))
@@ -157,6 +160,25 @@ def test_batch_zero_merge_is_one_commit(target):
     before = target.version()
     out = commit(target, rows(("a", "d1", 2, "y", "update")), 0)
     assert out.mode == UPDATE_MODE[target.commit_mode] and out.version == before + 1
+
+
+def test_merge_on_read_turns_deletion_vectors_on_in_an_existing_table_only_when_allowed(tmp_path, caplog):
+    uri = str(tmp_path / "t")
+    stored = rows(("a", "d1", 1, "x", "insert"), ("b", "d1", 1, "x", "insert")).drop_columns([WRITE_COLUMN])
+    write_deltalake(uri, stored, partition_by=["dt"])
+    with pytest.raises(ConfigError, match=r"commit_mode = 'merge-on-read' needs deletion vectors, which table .* "
+                                          r"does not write: turn them on \(ALTER TABLE .* SET TBLPROPERTIES "
+                                          r"\('delta.enableDeletionVectors' = 'true'\).* or set "
+                                          r"allow_protocol_upgrade = true"):
+        DeltaTarget(uri, ["dt"], "merge-on-read").open_or_create(SCHEMA, CONTRACT)
+    assert DeltaTable(uri).protocol().min_reader_version == 1 and DeltaTable(uri).version() == 0
+    target = DeltaTarget(uri, ["dt"], "merge-on-read", allow_protocol_upgrade=True)
+    target.open_or_create(SCHEMA, CONTRACT)
+    assert "turning deletion vectors on" in caplog.text
+    assert "deletionVectors" in DeltaTable(uri).protocol().reader_features
+    assert commit(target, rows(("a", "d1", 2, "y", "update")), 0).mode == "merge-on-read"
+    assert [(r["id"], r["v"]) for r in contents(uri)] == [("a", "y"), ("b", "x")]
+    assert pa.table(DeltaTable(uri).deletion_vectors()).column("selection_vector").to_pylist() == [[False, True]]
 
 
 def test_the_sink_creates_its_table_only_in_a_new_or_empty_folder(tmp_path):
