@@ -164,11 +164,12 @@ class SinkConfig:
     commit_mode: str = "auto"
     """A batch with updated or deleted keys: `"auto"` rewrites the files holding them and commits
     the new files, or on a table with deletion vectors marks their rows deleted in them and
-    writes only the new row versions (merge-on-read), falling back to MERGE, logged, on tables
-    with features neither honours (column mapping, change data feed, constraints, generated
-    columns); `"merge-on-read"`: as `"auto"`, on a table with deletion vectors: the sink
-    creates its table with them, and turns them on in an existing one only with
-    `allow_protocol_upgrade`; `"merge"`: always delta-rs' MERGE."""
+    writes only the new row versions (merge-on-read), either writing the change data feed's
+    files where the table has one, falling back to MERGE, logged, on tables with features
+    neither honours (column mapping, constraints, generated columns); `"merge-on-read"`: as
+    `"auto"`, on a table with deletion vectors: the sink creates its table with them, and
+    turns them on in an existing one only with `allow_protocol_upgrade`; `"merge"`: always
+    delta-rs' MERGE."""
     allow_protocol_upgrade: bool = False
     """With `commit_mode = "merge-on-read"` on an existing table without deletion vectors: turn
     them on (`delta.enableDeletionVectors`), which upgrades its protocol to reader version 3

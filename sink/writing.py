@@ -27,7 +27,7 @@ from sink import columns as C
 from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse import versions
 from sink.lakehouse.deletion_vectors import Descriptor
-from sink.lakehouse.rewrite import MarkedFile, Rewrite, StoredFile, WrittenFile, rewrite_files
+from sink.lakehouse.rewrite import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, rewrite_files
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging import TOMBSTONE
 
@@ -59,6 +59,7 @@ class WriteContext:
     # A history table's batch (scd_type 2): the writes are its events (HISTORY_EVENT).
     history: HistoryBatch | None = None
     merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.rewrite)
+    change_data: bool = False  # the table has a change data feed: its files are written too
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -83,7 +84,7 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
         return
     columns = [*C.stream_columns(rows.column_names), WRITE_COLUMN, *([PARTIAL_COLUMN] if ctx.partial else [])]
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
-                    ctx.incoming_wins_ties, None, ctx.merge_on_read)
+                    ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data)
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
     yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),
@@ -117,7 +118,7 @@ class Written:
 
 def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
-    adds, removes, marked, rows, changed, unchanged, seconds, history = [], [], [], 0, 0, 0, 0.0, None
+    adds, removes, marked, changes, rows, changed, unchanged, seconds, history = [], [], [], [], 0, 0, 0, 0.0, None
     for action in map(json.loads, texts):
         if "add" in action:
             a = action["add"]
@@ -126,6 +127,9 @@ def read_written(texts: list[str]) -> Written:
                                               True, a["stats"]), schema))
         elif "remove" in action:
             removes.append(_stored(action["remove"]))
+        elif "cdc" in action:
+            c = action["cdc"]
+            changes.append(ChangeFile(c["path"], c["size"], c["partition_values"]))
         elif "mark" in action:
             m = action["mark"]
             marked.append(MarkedFile(_stored(m["stored"]), Descriptor.from_json(m["deletion_vector"]), m["stats"]))
@@ -137,7 +141,7 @@ def read_written(texts: list[str]) -> Written:
             seconds += task["seconds"]
             if "history" in task:
                 history = _summed(history or {}, task["history"])
-    return Written(Rewrite(adds, removes, unchanged, marked), rows, changed, seconds, history)
+    return Written(Rewrite(adds, removes, unchanged, marked, changes), rows, changed, seconds, history)
 
 
 def _summed(total: dict, more: dict) -> dict:
@@ -154,6 +158,10 @@ def added_json(written: WrittenFile) -> dict:
 
 def removed_json(stored: StoredFile) -> dict:
     return {"remove": _stored_json(stored)}
+
+
+def change_json(change: ChangeFile) -> dict:
+    return {"cdc": {"path": change.path, "size": change.size, "partition_values": change.partition_values}}
 
 
 def marked_json(marked: MarkedFile) -> dict:
@@ -174,9 +182,10 @@ def _stored(d: dict) -> StoredFile:
 
 
 def _file_rows(schema: pa.Schema, rewrite: Rewrite, task: dict) -> pa.RecordBatch:
-    """A writing task's output rows: its files added, removed and marked, then its counts (`task`)."""
+    """A writing task's output rows: its files added, removed, marked and of changes, then its
+    counts (`task`)."""
     actions = [*(added_json(w) for w in rewrite.adds), *(removed_json(f) for f in rewrite.removes),
-               *(marked_json(m) for m in rewrite.marked), {"task": task}]
+               *(marked_json(m) for m in rewrite.marked), *(change_json(c) for c in rewrite.changes), {"task": task}]
     texts = [json.dumps(a) for a in actions]
     n = len(texts)
     values = {C.OP: pa.array([FILE_OP] * n, pa.string()), C.STATS: pa.array(texts, pa.string())}

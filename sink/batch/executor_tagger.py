@@ -62,9 +62,9 @@ class ExecutorTagger:
         from the records: a MERGE, or a global-scope history table's rebuild, whose keys'
         versions span partitions)."""
         cfg = self._config
-        mode = target.update_mode()
-        return (mode == "rewrite" and (cfg.scd_type == 1 or cfg.scope == "partitioned")
-                or mode == MERGE_ON_READ and cfg.scd_type == 1)
+        if cfg.scd_type == 2:
+            return cfg.scope == "partitioned" and target.history_update_mode() == "rewrite"
+        return target.update_mode() in ("rewrite", MERGE_ON_READ)
 
     def leaves_writes_on_executors(self, target: DeltaEngine) -> bool:
         """Where the executors do not write the files, the MERGE (Spark's, or delta-rs' in a
@@ -155,6 +155,7 @@ class ExecutorTagger:
             incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
             output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version, history=history,
             merge_on_read=self._target.update_mode() == MERGE_ON_READ,
+            change_data=self._target.change_data_feed(),
         )
         route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
                                             INSERT_SPLIT)

@@ -4,7 +4,7 @@ the executors kept, in one Spark task (sink.lakehouse.merge_task)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,8 +18,10 @@ from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, log_commit, merge, merge_task, open_tables, rewrite, versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import (
+    ENABLE_CHANGE_DATA_FEED,
     ENABLE_DELETION_VECTORS,
     GENERATION_EXPRESSION,
+    change_data_feed,
     merge_only_reason,
     unreadable_reason,
     unwritable_reason,
@@ -48,6 +50,8 @@ __all__ = ["COMMIT_KINDS", "PARTIAL_COLUMN", "WRITE_COLUMN", "CommitFailedError"
 
 log = logging.getLogger(__name__)
 
+# The features the sink's own log commit writes (sink.lakehouse.log_commit), which then need no MERGE.
+LOG_COMMIT_FEATURES = (ENABLE_DELETION_VECTORS, ENABLE_CHANGE_DATA_FEED)
 # How a batch's commit landed: new keys only, files rewritten, rows marked in deletion vectors
 # (and their new versions written), or a MERGE (the fallback).
 MERGE_ON_READ = "merge-on-read"
@@ -205,7 +209,7 @@ class DeltaTarget:
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
         writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
-                        props, merge_on_read=mode == MERGE_ON_READ)
+                        props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed())
         if mode == "append":
             append.commit(self.table, writes, evolve=bool(added_columns))
             self.refresh()
@@ -271,7 +275,7 @@ class DeltaTarget:
         self._check_history_readable()
         before = self.version()
         snapshot = self.stored_files()
-        if self.update_mode() == "merge":
+        if self.history_update_mode() == "merge":
             merged = versions.merge_rows(self.uri, snapshot, writes)
             props = commit_properties(app_id, batch_id, custom_metadata, "merge")
             self._add_columns(added_columns, before)
@@ -330,20 +334,29 @@ class DeltaTarget:
         reason = self._merge_only_reason()
         if reason is None:
             return "rewrite"
-        if writes_deletion_vectors(self.table):
-            reason = self._merge_only_reason(deletion_vectors_written=True)
-            unsupported = log_commit.unsupported_feature(self.table)
-            if reason is None and unsupported is None:
-                return MERGE_ON_READ
-            reason = reason or f"the table feature {unsupported!r}, which the merge-on-read commit does not write"
+        # Deletion vectors and the change data feed: the sink's own log commit writes them.
+        vectors = writes_deletion_vectors(self.table)
+        reason = self._merge_only_reason(honoured=LOG_COMMIT_FEATURES if vectors else [ENABLE_CHANGE_DATA_FEED])
+        unsupported = log_commit.unsupported_feature(self.table)
+        if reason is None and unsupported is None:
+            return MERGE_ON_READ if vectors else "rewrite"
+        reason = reason or f"the table feature {unsupported!r}, which the sink's log commit does not write"
         if reason != self._merge_reason:
             log.warning("%s: updates commit through MERGE, not by rewriting files: the table uses %s",
                         self.uri, reason)
             self._merge_reason = reason
         return "merge"
 
-    def _merge_only_reason(self, *, deletion_vectors_written: bool = False) -> str | None:
-        return merge_only_reason(self.table, deletion_vectors_written=deletion_vectors_written)
+    def _merge_only_reason(self, *, honoured: Collection[str] = ()) -> str | None:
+        return merge_only_reason(self.table, honoured=honoured)
+
+    def change_data_feed(self) -> bool:
+        return change_data_feed(self.table)
+
+    def history_update_mode(self) -> str:
+        """How a history table's rebuilt versions commit: as updates do, but through MERGE on a
+        table with a change data feed (the rebuild writes no change files)."""
+        return "merge" if self.change_data_feed() else self.update_mode()
 
     def commits_since(self, version: int) -> list[CommitSummary]:
         """The commits after `version` up to the loaded one (a gone log entry reads as a

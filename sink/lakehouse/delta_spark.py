@@ -3,10 +3,11 @@ should not rewrite; delta-rs reads the table (through deletion vectors and colum
 and commits the rest.
 
 Paths, per batch, by what the table allows (`update_mode`):
-- a table the copy-on-write rewrite may commit (no feature below): delta-rs, as under
+- a table the copy-on-write rewrite or merge-on-read may commit (no feature below; deletion
+  vectors and a change data feed are written by the sink's log commit): delta-rs, as under
   `engine = "deltalake"` (measured faster: sink.lakehouse.delta_rs);
-- updates on a table with deletion vectors, a change data feed, column mapping, CHECK
-  constraints, generated columns, or under `commit_mode = "merge"`: Spark's `MERGE INTO`,
+- updates on a table with column mapping, CHECK constraints, generated columns, or under
+  `commit_mode = "merge"`: Spark's `MERGE INTO`,
   pruned by the partitions the index located as literals in `ON`;
 - any write to a table delta-rs cannot write at all (row tracking, identity columns,
   domain metadata): Spark's append or MERGE.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
@@ -115,9 +116,9 @@ class DeltaSparkTarget(DeltaTarget):
         self._session().sql(f"ALTER TABLE delta.{quote_ident(self.uri)} SET TBLPROPERTIES ({properties})")
         self.refresh()
 
-    def _merge_only_reason(self, *, deletion_vectors_written: bool = False) -> str | None:
+    def _merge_only_reason(self, *, honoured: Collection[str] = ()) -> str | None:
         return ((self._spark is not None and unwritable_reason(self.table))
-                or merge_only_reason(self.table, deletion_vectors_written=deletion_vectors_written))
+                or merge_only_reason(self.table, honoured=honoured))
 
     def merges_on_executors(self) -> bool:
         return self._spark_merges() or super().merges_on_executors()
@@ -178,7 +179,7 @@ class DeltaSparkTarget(DeltaTarget):
     def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
                        ) -> tuple[CommitOutcome, versions.HistoryRewrite | versions.HistoryMerge]:
-        if not self._spark_merges():
+        if not (self._spark_writes_all() or (self._spark_writes == "merges" and self.history_update_mode() == "merge")):
             return super().commit_history(writes, app_id, batch_id, custom_metadata, added_columns)
         self._check_history_readable()
         before = self._check_latest()

@@ -70,6 +70,12 @@ class DeltaEngine(Protocol):
         """How updates commit on this table: "rewrite" (copy-on-write of located files),
         "merge-on-read" (deletion vectors mark the located rows) or "merge"."""
 
+    def history_update_mode(self) -> str:
+        """How a history table's rebuilt versions commit: "rewrite" or "merge"."""
+
+    def change_data_feed(self) -> bool:
+        """Whether the table has a change data feed, whose files a rewrite writes."""
+
     def commits_since(self, version: int) -> list[CommitSummary]: ...
 
     def commit(self, rows: pa.Table, key_cols: Sequence[str], ordering: str | Sequence[str], app_id: str,

@@ -8,16 +8,17 @@ commit and delta-rs"), so such tables stay on delta-rs' MERGE, which honours the
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from deltalake import DeltaTable
 
 ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
+ENABLE_CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 # Table property prefix -> why the rewrite cannot honour it.
 _PROPERTIES = {
     ENABLE_DELETION_VECTORS: "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)",
     "delta.columnMapping.mode": "column mapping (files must use physical column names and ids)",
-    "delta.enableChangeDataFeed": "change data feed (a rewrite cannot write the change files)",
+    ENABLE_CHANGE_DATA_FEED: "change data feed (a rewrite cannot write the change files)",
     "delta.constraints.": "CHECK constraints (a rewrite does not evaluate them)",
 }
 _CONSTRAINT = "delta.constraints."
@@ -43,15 +44,22 @@ _OFF = ("false", "none", "")
 _UNREADABLE = (_PROPERTIES[ENABLE_DELETION_VECTORS], _PROPERTIES["delta.columnMapping.mode"])
 
 
-def merge_only_reason(table: DeltaTable, *, deletion_vectors_written: bool = False) -> str | None:
-    """Why this table's updates must go through MERGE, or None when a rewrite may commit them
-    (`deletion_vectors_written`: or the merge-on-read commit, which writes deletion vectors).
+def merge_only_reason(table: DeltaTable, *, honoured: Collection[str] = ()) -> str | None:
+    """Why this table's updates must go through MERGE, or None when a rewrite may commit them;
+    `honoured`: the features (their table properties, ENABLE_DELETION_VECTORS,
+    ENABLE_CHANGE_DATA_FEED) the sink's own log commit writes, which then need no MERGE.
 
     Reads the snapshot's protocol, properties and field metadata (no I/O): what is in use, not
     what the protocol merely allows (legacy protocols, writer versions 2-6, list no features).
     """
-    dv = _PROPERTIES[ENABLE_DELETION_VECTORS]
-    return next((r for r in _reasons(table) if not (deletion_vectors_written and r == dv)), None)
+    skipped = {_PROPERTIES[p] for p in honoured}
+    return next((r for r in _reasons(table) if r not in skipped), None)
+
+
+def change_data_feed(table: DeltaTable) -> bool:
+    """Writers must write the changes of rows they replace or delete (PROTOCOL.md "Writer
+    Requirements for AddCDCFile")."""
+    return (table.metadata().configuration.get(ENABLE_CHANGE_DATA_FEED) or "").lower() == "true"
 
 
 def writes_deletion_vectors(table: DeltaTable) -> bool:

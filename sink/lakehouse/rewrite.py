@@ -47,6 +47,12 @@ from sink.lakehouse.stats import stats_json
 from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
 from sink.ordering import arrow_greater
 
+# The change data feed (PROTOCOL.md "Change Data Files"): where its files go, their column
+# naming each row's change, and its values.
+CHANGE_DATA_FOLDER = "_change_data"
+CHANGE_TYPE_COLUMN = "_change_type"
+CHANGE_INSERT, CHANGE_DELETE = "insert", "delete"
+UPDATE_PREIMAGE, UPDATE_POSTIMAGE = "update_preimage", "update_postimage"
 # Partition values written as a Hive-style folder name as they are; others (and nulls) as
 # Delta's conventions would escape them, which delta-rs would escape once more in the log:
 # such files go to the table's root, their values only in the log (readers take them there).
@@ -74,6 +80,15 @@ class MarkedFile:
 
 
 @dataclass(frozen=True)
+class ChangeFile:
+    """A change data file the batch wrote (its `cdc` action)."""
+
+    path: str  # relative to the table's root, not encoded
+    size: int
+    partition_values: dict[str, str | None]
+
+
+@dataclass(frozen=True)
 class WrittenFile:
     action: AddAction
     schema: pa.Schema  # as written (checked against the table's before the commit)
@@ -88,6 +103,7 @@ class Rewrite:
     removes: list[StoredFile]
     unchanged: int = 0
     marked: list[MarkedFile] = field(default_factory=list)  # each also in `removes`, with its old vector
+    changes: list[ChangeFile] = field(default_factory=list)  # the change data feed's files
 
     @property
     def empty(self) -> bool:
@@ -95,8 +111,9 @@ class Rewrite:
 
     @property
     def needs_log_commit(self) -> bool:
-        """Its actions carry deletion vectors, which `create_write_transaction` cannot commit."""
-        return bool(self.marked) or any(f.deletion_vector is not None for f in self.removes)
+        """Its actions carry deletion vectors or change files, which `create_write_transaction`
+        cannot commit."""
+        return bool(self.marked or self.changes) or any(f.deletion_vector is not None for f in self.removes)
 
     @property
     def partitions_rewritten(self) -> int:
@@ -136,7 +153,7 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
 def log_actions(rewrite: Rewrite) -> list[dict]:
     """The rewrite's actions as the log spells them: a `remove` of each replaced or marked file
     (with the deletion vector it had), an `add` of each marked file with its new one, and of
-    each new file."""
+    each new file, a `cdc` of each change file."""
     now = int(time.time() * 1000)
     actions = []
     for f in rewrite.removes:
@@ -154,6 +171,9 @@ def log_actions(rewrite: Rewrite) -> list[dict]:
         actions.append({"add": {"path": quote(a.path, safe="/="), "partitionValues": dict(a.partition_values),
                                 "size": a.size, "modificationTime": a.modification_time, "dataChange": True,
                                 "stats": a.stats}})
+    for c in rewrite.changes:
+        actions.append({"cdc": {"path": quote(c.path, safe="/="), "partitionValues": c.partition_values,
+                                "size": c.size, "dataChange": False}})
     return actions
 
 
@@ -165,6 +185,7 @@ def log_metrics(rewrite: Rewrite) -> dict[str, int]:
             "numTargetDeletionVectorsAdded": len(rewrite.marked),
             "numTargetDeletionVectorsUpdated": updated,
             "numTargetDeletionVectorsRemoved": sum(f.deletion_vector is not None for f in rewrite.removes),
+            "numTargetChangeFilesAdded": len(rewrite.changes),
             "numOutputRows": sum(json.loads(w.action.stats)["numRecords"] for w in rewrite.adds)}
 
 
@@ -205,18 +226,32 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
         done = list(pool.map(one, range(len(names))))
     marks = [m for _, partition_marks in done for m in partition_marks]
     return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
-                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks))
+                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks),
+                   [c for r, _ in done for c in r.changes])
 
 
 def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
                       writes: Writes) -> tuple[Rewrite, list[Mark]]:
     """The writes `rows` of one partition, whose files are `files` (none: only inserts):
-    the rewritten files and new keys written, the files they replace, and (merge-on-read) the
-    files whose rows it marks deleted."""
+    the rewritten files and new keys written, the files they replace, (merge-on-read) the
+    files whose rows it marks deleted, and (a change data feed) its change file."""
     values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
-    outputs, removed, unchanged, marks = _partition_tables(fs, root, files, rows, values, writes)
+    done = _partition_tables(fs, root, files, rows, values, writes)
     data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
-    return Rewrite(write_partition_files(fs, root, outputs, values, data_schema), removed, unchanged), marks
+    changes = [] if done.changes is None else [write_change_file(fs, root, done.changes, values, data_schema)]
+    return Rewrite(write_partition_files(fs, root, done.outputs, values, data_schema), done.removed, done.unchanged,
+                   changes=changes), done.marks
+
+
+@dataclass(frozen=True)
+class PartitionWrites:
+    """What one partition's writes come to, before any file is written."""
+
+    outputs: list[pa.Table]  # the data files to write
+    removed: list[StoredFile]  # the files they replace, or whose rows are marked
+    unchanged: int
+    marks: list[Mark]  # merge-on-read
+    changes: pa.Table | None  # the change data feed's rows (CHANGE_TYPE_COLUMN), when the table has one
 
 
 @dataclass(frozen=True)
@@ -247,11 +282,11 @@ def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark) -> str:
 
 
 def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
-                      values: Mapping[str, str | None], writes: Writes
-                      ) -> tuple[list[pa.Table], list[StoredFile], int, list[Mark]]:
+                      values: Mapping[str, str | None], writes: Writes) -> PartitionWrites:
     """One partition: the tables to write (rewritten files, then new keys), the files they
-    replace, the no-op updates, and (merge-on-read) the files whose rows are marked deleted
-    instead, their new row versions written with the new keys."""
+    replace, the no-op updates, (merge-on-read) the files whose rows are marked deleted
+    instead, their new row versions written with the new keys, and (`writes.change_data`) the
+    rows of its change data feed."""
     # Files are probed for the updated and deleted keys only: the index found no stored row
     # for an insert (as the append path trusts it), and most of a partition's writes are
     # inserts (today's partition: ~10x its updates), each of which would be hashed again per
@@ -265,6 +300,7 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     outputs: list[pa.Table] = []
     removed: list[StoredFile] = []
     marks: list[Mark] = []
+    change_rows: list[tuple[str, pa.Table]] = []
     unchanged = 0
     for f, stored, at, deleted in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema):
         matched[probed[at.drop_null().to_numpy()]] = True
@@ -273,6 +309,8 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
         if not change.gone.any():
             continue
         removed.append(f)
+        if writes.change_data:
+            change_rows.extend(change.change_rows(stored))
         if writes.merge_on_read:
             marks.append(Mark(f, deleted | BitMap64(np.flatnonzero(change.gone).tolist()), stored.num_rows))
             outputs.append(change.replaced)
@@ -282,12 +320,23 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
     inserts = conform(rows.filter(new_keys), writes.schema) if pc.any(new_keys).as_py() else None
+    if inserts is not None and writes.change_data:
+        change_rows.append((CHANGE_INSERT, inserts))
     if writes.merge_on_read:  # the new row versions and the new keys: one new file
         outputs = [t for t in outputs if t.num_rows] + ([inserts] if inserts is not None else [])
         outputs = [pa.concat_tables(outputs)] if outputs else []
     elif inserts is not None:
         outputs = with_inserts(outputs, inserts)
-    return outputs, removed, unchanged, marks
+    # Every partition's changes, new keys too: a reader takes a version's changes from its
+    # change files alone once it has any (PROTOCOL.md "Change Data Files").
+    feed = _change_table(change_rows) if change_rows else None
+    return PartitionWrites(outputs, removed, unchanged, marks, feed)
+
+
+def _change_table(parts: Sequence[tuple[str, pa.Table]]) -> pa.Table:
+    """The change data feed's rows: each part's rows with their change type."""
+    return pa.concat_tables([t.append_column(CHANGE_TYPE_COLUMN, pa.repeat(pa.scalar(kind, pa.string()), t.num_rows))
+                             for kind, t in parts])
 
 
 def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> list[str]:
@@ -360,6 +409,12 @@ class FileChange:
     gone: np.ndarray  # per stored row: replaced or deleted
     replaced: pa.Table  # the new versions of the replaced rows (in the table's schema)
     unchanged: int  # updates that were no-ops: the stored row already held their values
+    deleted: np.ndarray  # per stored row: deleted (the others of `gone` are replaced)
+
+    def change_rows(self, stored: pa.Table) -> list[tuple[str, pa.Table]]:
+        """Its rows for the change data feed: pre-images, post-images, deletes."""
+        return [(UPDATE_PREIMAGE, stored.filter(pa.array(self.gone & ~self.deleted))),
+                (UPDATE_POSTIMAGE, self.replaced), (CHANGE_DELETE, stored.filter(pa.array(self.deleted)))]
 
 
 def file_change(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) -> FileChange:
@@ -367,7 +422,8 @@ def file_change(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) 
     gives each stored row's incoming row (null: none). An update that is a no-op (the stored
     row already holds exactly the new values, e.g. an event delivered again with its
     ordering) changes nothing and rewrites no file."""
-    nothing = FileChange(np.zeros(stored.num_rows, bool), writes.schema.empty_table(), 0)
+    none = np.zeros(stored.num_rows, bool)
+    nothing = FileChange(none, writes.schema.empty_table(), 0, none)
     hit = pc.is_valid(at)
     stored_hits = stored.filter(hit)
     incoming = rows.take(at.filter(hit))
@@ -386,10 +442,14 @@ def file_change(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) 
     gone = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
     gone[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
     if not gone.any():
-        return FileChange(nothing.gone, nothing.replaced, int(same.sum()))
+        return FileChange(none, nothing.replaced, int(same.sum()), none)
+    hits = hit.to_numpy(zero_copy_only=False)
     changed = np.zeros(len(at), bool)  # per stored row
-    changed[hit.to_numpy(zero_copy_only=False)] = gone
-    return FileChange(changed, pa.table(columns, schema=writes.schema).filter(pa.array(~same)), int(same.sum()))
+    changed[hits] = gone
+    deleted = np.zeros(len(at), bool)
+    deleted[hits] = newer.to_numpy(zero_copy_only=False) & ~updated.to_numpy(zero_copy_only=False)
+    return FileChange(changed, pa.table(columns, schema=writes.schema).filter(pa.array(~same)), int(same.sum()),
+                      deleted)
 
 
 def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> np.ndarray:
@@ -410,7 +470,7 @@ def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) ->
 def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]], schema: pa.Schema,
                   partition_by: Sequence[str]) -> None:
     """What `create_write_transaction` does not check, checked before committing: every added
-    file exists at its size, every removed file is in the snapshot the batch read, partition
+    file (data or change file) exists at its size, every removed file is in the snapshot the batch read, partition
     values name exactly the partition columns, files hold the table's columns and types."""
     fs, root = filesystem(uri)
     expected = set(partition_by)
@@ -427,6 +487,11 @@ def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[Stored
         if not w.schema.equals(data_schema):
             raise CommitCheckError(f"{uri}: file {a.path} has columns {w.schema}, the table's are {data_schema}; "
                                    "nothing was committed")
+    for c in rewrite.changes:
+        info = fs.get_file_info(f"{root}/{c.path}")
+        if info.type != pafs.FileType.File or info.size != c.size:
+            raise CommitCheckError(f"{uri}: change file {c.path} to be added is missing or not {c.size} bytes "
+                                   f"(found {info.type.name}, {info.size}); nothing was committed")
     read = {f.path for files in snapshot.values() for f in files}
     for f in rewrite.removes:
         if f.path not in read or set(f.partition_values) != expected:
@@ -462,6 +527,20 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
     stats = stats_json(metadata[0], data.schema)
     action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
     return WrittenFile(action, metadata[0].schema.to_arrow_schema())
+
+
+def write_change_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
+                      data_schema: pa.Schema) -> ChangeFile:
+    """One partition's change data file, under `_change_data/` as Delta's writers put them:
+    the table's data columns and CHANGE_TYPE_COLUMN (partition values in the log)."""
+    data = rows.select([*data_schema.names, CHANGE_TYPE_COLUMN])
+    folder = ""
+    if values and all(v is not None and _PLAIN_VALUE.fullmatch(v) for v in values.values()):
+        folder = "".join(f"{c}={v}/" for c, v in values.items())
+    path = f"{CHANGE_DATA_FOLDER}/{folder}cdc-00000-{uuid.uuid4()}.c000.snappy.parquet"
+    fs.create_dir(f"{root}/{CHANGE_DATA_FOLDER}/{folder}".rstrip("/"), recursive=True)
+    pq.write_table(data, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us")
+    return ChangeFile(path, fs.get_file_info(f"{root}/{path}").size, dict(values))
 
 
 def _dictionary_columns(data: pa.Table, sample: int = 4096) -> list[str]:

@@ -25,7 +25,8 @@ class Writes:
     new columns included) plus WRITE_COLUMN (insert/update/delete) and, for partial updates,
     PARTIAL_COLUMN. Committed with `props` (the app transaction; no retries; None in the Spark
     tasks that write a batch's files, whose driver commits them). `merge_on_read`: replaced
-    and deleted rows are marked in deletion vectors, not rewritten (sink.lakehouse.rewrite)."""
+    and deleted rows are marked in deletion vectors, not rewritten; `change_data`: the table
+    has a change data feed, whose files the rewrite writes (sink.lakehouse.rewrite)."""
 
     rows: pa.Table
     schema: pa.Schema
@@ -35,6 +36,7 @@ class Writes:
     incoming_wins_ties: bool
     props: CommitProperties | None
     merge_on_read: bool = False
+    change_data: bool = False
 
     @property
     def partial(self) -> bool:

@@ -43,15 +43,16 @@ def deletion_vectors(uri: str) -> int:
 
 
 DV = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
-# Deletion vectors and a change data feed: the feed keeps updates on Spark's MERGE, which
-# writes deletion vectors (on deletion vectors alone the sink marks rows itself: merge-on-read).
-SPARK_MERGES = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.enableChangeDataFeed' = 'true')"
+CDF = "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')"
+# Deletion vectors and column mapping: the mapping keeps updates on Spark's MERGE, which writes
+# deletion vectors (on deletion vectors alone the sink marks rows itself: merge-on-read).
+SPARK_MERGES = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.columnMapping.mode' = 'name')"
 IDENTITY = COLUMNS + ", n BIGINT GENERATED ALWAYS AS IDENTITY"
 
 
 @pytest.mark.parametrize("columns, properties, constraint, stream_adds", [
     (COLUMNS, DV, "", ""),
-    (COLUMNS, "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", "", ""),
+    (COLUMNS, CDF, "", ""),
     (COLUMNS, "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "", ""),
     (COLUMNS, "", "ts_not_negative CHECK (ts >= 0)", ""),
     (COLUMNS + ", g STRING GENERATED ALWAYS AS (upper(v))", "", "", "upper(v) AS g"),
@@ -74,9 +75,9 @@ def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(
         sink(df.selectExpr("*", stream_adds) if stream_adds else df, b)
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
         assert DeltaTable(uri).transaction_version("w") == b
-    assert [r.mode for r in sink.reports] == ["merge-on-read" if properties == DV else "merge"]
+    assert [r.mode for r in sink.reports] == [{DV: "merge-on-read", CDF: "rewrite"}.get(properties, "merge")]
     history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'MERGE'").count()
-    assert history == 3  # Spark's MERGE or the merge-on-read commit, not delta-rs' (no deletion vectors)
+    assert history == 3  # Spark's MERGE or the sink's log commit (delta-rs' copy-on-write reads WRITE)
     sink.close()
     assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
     if properties == DV:
@@ -107,8 +108,7 @@ def test_spark_shows_the_sinks_commits_with_their_operation_metrics_and_app_tran
     assert [(a["txn"]["appId"], a["txn"]["version"]) for a in log_actions(uri, 3) if "txn" in a] == [("w", 1)]
 
 
-@pytest.mark.parametrize("properties", ["", "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')"],
-                         ids=["plain", "change data feed"])
+@pytest.mark.parametrize("properties", ["", CDF], ids=["plain", "change data feed"])
 def test_a_table_switches_engine_between_runs_without_replaying_or_skipping_a_batch(spark, tmp_path, properties):
     uri = str(tmp_path / "table")
     create(spark, uri, properties=properties)
@@ -124,7 +124,7 @@ def test_a_table_switches_engine_between_runs_without_replaying_or_skipping_a_ba
             assert DeltaTable(uri).transaction_version("w") == b
         sink.close()
     ops = [r["operation"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").orderBy("version").collect()]
-    assert ops.count("MERGE") == (5 if properties else 0)  # the change data feed keeps updates on MERGE
+    assert ops.count("MERGE") == (5 if properties else 0)  # the change feed's commits are the sink's log commits
 
 
 def test_the_stream_must_not_carry_an_identity_column(spark, tmp_path):
@@ -195,8 +195,8 @@ def engines_of_updates(spark, uri: str) -> list[str]:
 
 @pytest.mark.parametrize("properties, engines", [
     ("TBLPROPERTIES ('delta.enableRowTracking' = 'true')", ["spark"] * 3),
-    ("TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", ["delta-rs"] * 3),
-], ids=["row tracking: Spark", "change data feed: delta-rs' MERGE"])
+    ("TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", ["delta-rs"] * 3),
+], ids=["row tracking: Spark", "column mapping: delta-rs' MERGE"])
 def test_engine_auto_takes_spark_only_where_delta_rs_cannot_write(spark, tmp_path, properties, engines):
     uri = str(tmp_path / "table")
     create(spark, uri, properties=properties)

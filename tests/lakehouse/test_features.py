@@ -51,13 +51,13 @@ def test_a_plain_table_is_rewritten(tmp_path):
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_a_table_with_the_feature_commits_updates_through_merge_or_merge_on_read(tmp_path, caplog, feature):
-    """Deletion vectors: the sink marks rows itself (merge-on-read); the others: MERGE, with a
-    warning naming the feature once."""
+def test_a_table_with_the_feature_commits_updates_through_merge_or_the_log_commit(tmp_path, caplog, feature):
+    """Deletion vectors: the sink marks rows itself (merge-on-read); a change data feed: the
+    rewrite writes the changes; the others: MERGE, with a warning naming the feature once."""
     uri = str(tmp_path / "t")
     FEATURES[feature](uri)
     assert merge_only_reason(DeltaTable(uri)).startswith(feature)
-    update_mode = "merge-on-read" if feature == "deletion vectors" else "merge"
+    update_mode = {"deletion vectors": "merge-on-read", "change data feed": "rewrite"}.get(feature, "merge")
     target = DeltaTarget(uri, ["dt"])
     target.open_or_create(ARROW, None)
 

@@ -117,7 +117,7 @@ def test_a_table_with_a_feature_the_commit_does_not_write_merges_and_says_which(
     target = DeltaTarget(uri, ["dt"])
     target.open_or_create(pa.schema([]), Contract(("id",), ("dt",), "ts", "partitioned"))
     assert target.update_mode() == "merge"
-    assert "the table feature 'inCommitTimestamp', which the merge-on-read commit does not write" in caplog.text
+    assert "the table feature 'inCommitTimestamp', which the sink's log commit does not write" in caplog.text
     plain = str(tmp_path / "plain")
     create(spark, plain, properties=DV_TABLE)
     spark.sql(f"ALTER TABLE delta.`{plain}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')")
@@ -125,3 +125,40 @@ def test_a_table_with_a_feature_the_commit_does_not_write_merges_and_says_which(
     target.open_or_create(pa.schema([]), Contract(("id",), ("dt",), "ts", "partitioned"))
     assert target.update_mode() == "merge"  # no new vectors while the property is off
     assert "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)" in caplog.text
+
+
+def oracle_changes(before: list[dict], after: list[dict]) -> list[tuple]:
+    """What a batch changed, as the change data feed spells it: new keys inserted, gone keys
+    deleted, changed rows as their pre- and post-images."""
+    old = {(r["dt"], r["id"]): r for r in before}
+    new = {(r["dt"], r["id"]): r for r in after}
+    changes = [("insert", r) for k, r in new.items() if k not in old]
+    changes += [("delete", r) for k, r in old.items() if k not in new]
+    for k in old.keys() & new.keys():
+        if old[k] != new[k]:
+            changes += [("update_preimage", old[k]), ("update_postimage", new[k])]
+    return sorted((kind, r["id"], r["dt"], r["ts"], r["op"], r["v"]) for kind, r in changes)
+
+
+@pytest.mark.parametrize("properties, tag_on, update_mode", [
+    ("'delta.enableDeletionVectors' = 'true', 'delta.enableChangeDataFeed' = 'true'", "driver", "merge-on-read"),
+    ("'delta.enableChangeDataFeed' = 'true'", "executors", "rewrite"),
+], ids=["deletion vectors, driver", "copy-on-write, executors"])
+def test_the_change_data_feed_spark_reads_is_each_batchs_changes(spark, tmp_path, properties, tag_on, update_mode):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=f"TBLPROPERTIES ({properties})")
+    batches = random_batches(59, batches=4, per_batch=200, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, tag_on))
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        version = sink.reports[-1].table_version
+        feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)
+                .option("endingVersion", version).load(uri).collect())
+        got = sorted((r["_change_type"], r["id"], r["dt"], r["ts"], r["op"], r["v"]) for r in feed)
+        assert got == oracle_changes(expected_rows(batches[:b]), expected_rows(batches[: b + 1])), f"batch {b}"
+        by_delta_rs = pa.table(DeltaTable(uri).load_cdf(starting_version=version, ending_version=version))
+        assert sorted((r["_change_type"], r["id"], r["dt"], r["ts"], r["op"], r["v"])
+                      for r in by_delta_rs.to_pylist()) == got, f"delta-rs' feed, batch {b}"
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"batch {b}"
+    assert [r.mode for r in sink.reports] == ["append", *[update_mode] * 3]
+    assert any(p.is_file() for p in (Path(uri) / "_change_data").rglob("*.parquet"))

@@ -82,7 +82,7 @@ def test_an_append_task_appends_the_inserts(stored):
 @pytest.mark.spark
 @pytest.mark.connect
 def test_executor_tagging_under_delta_rs_merge_never_brings_the_writes_to_the_driver(spark, tmp_path, monkeypatch):
-    """A change data feed makes updates commit through delta-rs' MERGE: from one Spark task,
+    """commit_mode = "merge" makes updates commit through delta-rs' MERGE: from one Spark task,
     the driver-held commit never taken. The table is exact after every batch, a replay and a
     lost replica; the feed, replayed alone, gives the same table. Through Spark Connect too
     (where the client cannot list the server's cached data)."""
@@ -94,7 +94,7 @@ def test_executor_tagging_under_delta_rs_merge_never_brings_the_writes_to_the_dr
     DeltaTable.create(uri, TABLE, partition_by=["dt"], configuration={"delta.enableChangeDataFeed": "true"})
     cfg = SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=3, metrics_port=0,
-                     tag_on="executors", engine="deltalake")
+                     tag_on="executors", engine="deltalake", commit_mode="merge")
     sink = UpsertSink(cfg)
     batches = random_batches(61, batches=5, per_batch=200)
     for b, events in enumerate(batches):

@@ -19,10 +19,11 @@ def config(tmp_path, uri: str) -> SinkConfig:
                       engine="deltalake")
 
 
-# Deletion vectors: marked by the sink's merge-on-read commit; the others: delta-rs' MERGE.
+# Deletion vectors: marked by the sink's merge-on-read commit; a change data feed: files
+# rewritten, their changes written (the sink's log commit); the others: delta-rs' MERGE.
 @pytest.mark.parametrize("properties, constraint, update_mode", [
     ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')", "", "merge-on-read"),
-    ("TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", "", "merge"),
+    ("TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", "", "rewrite"),
     ("TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "", "merge"),
     ("", "ts_not_negative CHECK (ts >= 0)", "merge"),
 ], ids=["deletion vectors", "change data feed", "column mapping", "CHECK constraint"])
@@ -35,7 +36,7 @@ def test_a_table_spark_created_with_a_feature_delta_rs_honours_is_written_exactl
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
-    assert [r.mode for r in sink.reports] == ["append", update_mode, update_mode]  # no copy-on-write rewrite
+    assert [r.mode for r in sink.reports] == ["append", update_mode, update_mode]
 
 
 def test_a_generated_column_the_stream_carries_is_written_and_one_it_lacks_is_named_with_its_expression(
