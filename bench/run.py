@@ -4,6 +4,8 @@
     python -m bench.run                # 1M, 5M and 10M-row tables (hours on 2 cores)
     python -m bench.run --against-spark --sizes 10000000 --batches 3
                                        # only the sink against delta-spark's MERGE (its cases below)
+    python -m bench.run --deletion-vectors --sizes 10000000 --batches 3
+                                       # only its deletion-vector case (merge-on-read)
 """
 
 from __future__ import annotations
@@ -151,13 +153,18 @@ def against_spark(spark, work: Path, params: dict, result: dict, save) -> None:
     result["e2e"] = e2e.run(spark, work, params["sizes"], AGAINST_SPARK["workloads"], params["batches"],
                             params["batch_rows"], num_shards=2, contenders=AGAINST_SPARK["contenders"])
     save()
-    result["e2e_deletion_vectors"] = e2e.run(spark, work, params["sizes"], ["events"], params["batches"],
-                                             params["batch_rows"], num_shards=2,
-                                             contenders=("baseline", "spark-merge-careful-dv", *e2e.DELETION_VECTORS))
+    result["e2e_deletion_vectors"] = deletion_vector_figures(spark, work, params)
     save()
     result["global"] = global_bench.run(spark, work, params["sizes"], params["batches"], params["batch_rows"],
                                         workloads=("global",))
     save()
+
+
+def deletion_vector_figures(spark, work: Path, params: dict) -> list[dict]:
+    """The events case on a table with deletion vectors: delta-spark's careful MERGE against the
+    sink's merge-on-read, both tagging paths."""
+    return e2e.run(spark, work, params["sizes"], ["events"], params["batches"], params["batch_rows"], num_shards=2,
+                   contenders=("baseline", "spark-merge-careful-dv", *e2e.DELETION_VECTORS))
 
 
 def verification_figures(spark, work: Path, params: dict) -> list[dict]:
@@ -183,24 +190,30 @@ def main() -> None:
     parser.add_argument("--against-spark", action="store_true",
                         help="only the sink against delta-spark's MERGE: end to end, deletion vectors, global scope, "
                              "two executors")
-    parser.add_argument("--sizes", type=int, nargs="+", help="with --against-spark: table rows (default: the run's)")
-    parser.add_argument("--batches", type=int,
-                        help="with --against-spark or --verification: batches a case (default: the run's)")
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="only the deletion-vector case of --against-spark (events)")
+    parser.add_argument("--sizes", type=int, nargs="+",
+                        help="with --against-spark or --deletion-vectors: table rows (default: the run's)")
+    parser.add_argument("--batches", type=int, help="with --against-spark, --deletion-vectors or --verification: "
+                                                    "batches a case (default: the run's)")
     parser.add_argument("--verification", action="store_true",
                         help="only the sampled verification's cost (events, the run's first size)")
     args = parser.parse_args()
     params = QUICK if args.quick else FULL
     name = "quick" if args.quick else "full"
     started = time.perf_counter()
-    if args.verification:
-        params = {**params, "batches": args.batches or params["batches"]}
-        result = {"name": f"verification-{name}", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                  "machine": machine(), "parameters": params}
+    if args.verification or args.deletion_vectors:
+        params = {**params, "sizes": args.sizes or params["sizes"], "batches": args.batches or params["batches"]}
+        case, figures = (("verification", verification_figures) if args.verification else
+                         ("e2e_deletion_vectors", deletion_vector_figures))
+        result = {"name": f"{case.removeprefix('e2e_').replace('_', '-')}-{name}",
+                  "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine(),
+                  "parameters": params}
         spark = e2e_session()
         work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
         try:
             e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
-            result["verification"] = verification_figures(spark, work, params)
+            result[case] = figures(spark, work, params)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             spark.stop()
@@ -237,10 +250,7 @@ def main() -> None:
         result["e2e"] = e2e.run(spark, work, params["sizes"], params["workloads"], params["batches"],
                                 params["batch_rows"], num_shards=2)
         print("== delta-spark's MERGE on a table with deletion vectors (events)", flush=True)
-        result["e2e_deletion_vectors"] = e2e.run(spark, work, params["sizes"], ["events"], params["batches"],
-                                                 params["batch_rows"], num_shards=2,
-                                                 contenders=("baseline", "spark-merge-careful-dv",
-                                                             *e2e.DELETION_VECTORS))
+        result["e2e_deletion_vectors"] = deletion_vector_figures(spark, work, params)
         print("== the sampled verification's cost (events, verify_fraction on and off)", flush=True)
         result["verification"] = verification_figures(spark, work, params)
         print("== tiny batches (events mix)", flush=True)
