@@ -14,9 +14,10 @@ from sink import SinkConfig, UpsertSink
 from sink.lakehouse import log_commit
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import DeltaTarget
+from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.writes import commit_properties
 from tests.lakehouse.spark_sql_tables import create, spark_rows
-from tests.oracle import SCHEMA, expected_rows, random_batches
+from tests.oracle import SCHEMA, expected_global_rows, expected_rows, random_batches, random_global_batches
 
 pytestmark = pytest.mark.spark
 
@@ -162,3 +163,48 @@ def test_the_change_data_feed_spark_reads_is_each_batchs_changes(spark, tmp_path
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"batch {b}"
     assert [r.mode for r in sink.reports] == ["append", *[update_mode] * 3]
     assert any(p.is_file() for p in (Path(uri) / "_change_data").rglob("*.parquet"))
+
+
+def test_a_batch_killed_between_its_vector_files_and_its_log_entry_leaves_only_unreferenced_files(
+        spark, tmp_path, monkeypatch):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV_TABLE)
+    batches = random_batches(61, batches=3, per_batch=200, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, "driver"))
+    for b, events in enumerate(batches[:2]):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    version, files = DeltaTable(uri).version(), set(Path(uri).glob("deletion_vector_*.bin"))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed before the log entry")
+
+    monkeypatch.setattr(log_commit, "commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        sink(spark.createDataFrame(batches[2], SCHEMA), 2)
+    monkeypatch.undo()
+    left = set(Path(uri).glob("deletion_vector_*.bin")) - files
+    assert left and DeltaTable(uri).version() == version  # its vectors written, no commit names them
+    live = {d.file_location(uri) for d in LiveDeletionVectors(uri).at(version).values()}
+    assert not {str(p) for p in left} & live
+    assert spark_rows(spark, uri) == expected_rows(batches[:2])
+    sink = UpsertSink(config(tmp_path, uri, "driver"))  # the restart after the kill
+    sink(spark.createDataFrame(batches[2], SCHEMA), 2)
+    assert spark_rows(spark, uri) == expected_rows(batches)
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_a_global_scope_stream_on_a_deletion_vector_table_moves_keys_between_partitions_exactly(
+        spark, tmp_path, tag_on):
+    """Global scope: a key moving partition deletes its stored row there (a mark in that
+    partition's file) and writes it in the new one."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV_TABLE)
+    batches = random_global_batches(63, batches=4, per_batch=200)
+    sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts",
+                                 delete_when="op = 'd'", scope="global", writer_id="g", num_shards=2,
+                                 index_dir=str(tmp_path / "index"), metrics_port=0, tag_on=tag_on,
+                                 engine="deltalake"))
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        assert spark_rows(spark, uri) == expected_global_rows(batches[: b + 1]), f"after batch {b}"
+    assert "merge-on-read" in [r.mode for r in sink.reports]
