@@ -31,6 +31,18 @@ def config(tmp_path, uri: str, tag_on: str) -> SinkConfig:
                       engine="deltalake")
 
 
+def two_batches_in(spark, tmp_path, seed: int):
+    """A deletion-vector table Spark SQL created, its sink (driver tagging) two batches of three
+    in: the table, the three batches and the sink."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=DV_TABLE)
+    batches = random_batches(seed, batches=3, per_batch=200, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, "driver"))
+    for b, events in enumerate(batches[:2]):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    return uri, batches, sink
+
+
 def delta_rs_rows(uri: str) -> list[dict]:
     read = QueryBuilder().register("t", DeltaTable(uri)).execute("SELECT id, dt, ts, op, v FROM t").read_all()
     return sorted(pa.table(read).to_pylist(), key=lambda r: (r["dt"], r["id"]))
@@ -89,12 +101,7 @@ def test_spark_compacting_the_files_between_tagging_and_commit_is_a_conflict_ret
         spark, tmp_path, monkeypatch):
     """OPTIMIZE rewrites the marked files: the row positions the batch found are stale, so its
     commit must not land on top; it is retried against the compacted files."""
-    uri = str(tmp_path / "table")
-    create(spark, uri, properties=DV_TABLE)
-    batches = random_batches(53, batches=3, per_batch=200, bad_share=0)
-    sink = UpsertSink(config(tmp_path, uri, "driver"))
-    for b, events in enumerate(batches[:2]):
-        sink(spark.createDataFrame(events, SCHEMA), b)
+    uri, batches, sink = two_batches_in(spark, tmp_path, seed=53)
     commit = log_commit.commit
     optimized = []
 
@@ -167,12 +174,7 @@ def test_the_change_data_feed_spark_reads_is_each_batchs_changes(spark, tmp_path
 
 def test_a_batch_killed_between_its_vector_files_and_its_log_entry_leaves_only_unreferenced_files(
         spark, tmp_path, monkeypatch):
-    uri = str(tmp_path / "table")
-    create(spark, uri, properties=DV_TABLE)
-    batches = random_batches(61, batches=3, per_batch=200, bad_share=0)
-    sink = UpsertSink(config(tmp_path, uri, "driver"))
-    for b, events in enumerate(batches[:2]):
-        sink(spark.createDataFrame(events, SCHEMA), b)
+    uri, batches, sink = two_batches_in(spark, tmp_path, seed=61)
     version, files = DeltaTable(uri).version(), set(Path(uri).glob("deletion_vector_*.bin"))
 
     def killed(*args, **kwargs):
