@@ -116,7 +116,7 @@ max_files_per_trigger = 1
         # Exist at 0 from the start, so increase() alerts can fire on the first failure.
         ("upsert_sink_index_load_failures_total", "sink"): {SINK: 0},
         ("sum by (result) (upsert_sink_index_lookups_total{SINK})", "result"): {"hit": 70, "miss": 130},
-        ("upsert_sink_commits_total", "mode"): {"append": 1, "rewrite": 1, "merge": 0},
+        ("upsert_sink_commits_total", "mode"): {"append": 1, "rewrite": 1, "merge-on-read": 0, "merge": 0},
         ("upsert_sink_table_version", "sink"): {SINK: 2},
     }
     for (name, label), values in expected.items():
