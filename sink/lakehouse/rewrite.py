@@ -356,15 +356,18 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
     when it matches."""
     key_schema = pa.schema([schema.field(c) for c in key_cols])
     for f in files:
-        deleted = BitMap64() if f.deletion_vector is None else deletion_vectors.read(fs, root, f.deletion_vector)
+        deleted = BitMap64()
         with _stored_columns(fs, f"{root}/{unquote(f.path)}", key_cols) as (probe, read_rest):
             at = pc.index_in(row_keys(conform(probe, key_schema), key_cols), value_set=incoming_keys)
-            if deleted:
+            if at.null_count == len(at):
+                continue
+            if f.deletion_vector is not None:  # read only for a file the probe matched: most match nothing
+                deleted = deletion_vectors.read(fs, root, f.deletion_vector)
                 live = np.ones(len(at), bool)
                 live[deletion_vectors.positions(deleted)] = False
                 at = pc.if_else(pa.array(live), at, pa.nulls(len(at), at.type))
-            if at.null_count == len(at):
-                continue
+                if at.null_count == len(at):
+                    continue
             rest = read_rest()
         yield f, conform(_with_partition_values(_joined(probe, rest), values, schema), schema), at, deleted
 
