@@ -23,6 +23,7 @@ from sink.lakehouse.features import (
     GENERATION_EXPRESSION,
     change_data_feed,
     merge_only_reason,
+    supports_deletion_vectors,
     unreadable_reason,
     unwritable_reason,
     writes_deletion_vectors,
@@ -160,8 +161,7 @@ class DeltaTarget:
     def stored_files(self) -> dict[str, list[rewrite.StoredFile]]:
         """The loaded version's files by partition id, with the deletion vectors they carry."""
         table = self.table
-        features = table.protocol().writer_features or ()
-        vectors = self._vectors.at(table.version()) if "deletionVectors" in features else None
+        vectors = self._vectors.at(table.version()) if supports_deletion_vectors(table) else None
         return rewrite.stored_files(table, self.partition_by, vectors)
 
     def version(self) -> int:

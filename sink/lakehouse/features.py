@@ -56,6 +56,12 @@ def merge_only_reason(table: DeltaTable, *, honoured: Collection[str] = ()) -> s
     return next((r for r in _reasons(table) if r not in skipped), None)
 
 
+def supports_deletion_vectors(table: DeltaTable) -> bool:
+    """Its files may carry deletion vectors (the feature is listed, whether or not new ones may
+    be written)."""
+    return _DELETION_VECTORS in (table.protocol().writer_features or ())
+
+
 def change_data_feed(table: DeltaTable) -> bool:
     """Writers must write the changes of rows they replace or delete (PROTOCOL.md "Writer
     Requirements for AddCDCFile")."""
@@ -66,7 +72,7 @@ def writes_deletion_vectors(table: DeltaTable) -> bool:
     """Writers may mark rows deleted in deletion vectors: the feature is supported and on
     (PROTOCOL.md: new vectors only while `delta.enableDeletionVectors` is true)."""
     enabled = table.metadata().configuration.get(ENABLE_DELETION_VECTORS) or ""
-    return _DELETION_VECTORS in (table.protocol().writer_features or ()) and enabled.lower() == "true"
+    return supports_deletion_vectors(table) and enabled.lower() == "true"
 
 
 def unreadable_reason(table: DeltaTable) -> str | None:
@@ -105,7 +111,7 @@ def identity_columns(table: DeltaTable) -> list[str]:
 
 
 def _reasons(table: DeltaTable) -> Iterator[str]:
-    if _DELETION_VECTORS in (table.protocol().writer_features or ()):
+    if supports_deletion_vectors(table):
         yield _PROPERTIES[ENABLE_DELETION_VECTORS]
     for key, value in table.metadata().configuration.items():
         for prefix, reason in _PROPERTIES.items():

@@ -517,9 +517,7 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
     """One new data file (partition columns live in the log, not in the file) and its action;
     `dictionary`: the columns to dictionary-encode (`_dictionary_columns`)."""
     data = rows.select(data_schema.names)
-    folder = ""
-    if values and all(v is not None and _PLAIN_VALUE.fullmatch(v) for v in values.values()):
-        folder = "".join(f"{c}={v}/" for c, v in values.items())
+    folder = _partition_folder(values)
     path = f"{folder}part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     metadata: list[pq.FileMetaData] = []
     fs.create_dir(f"{root}/{folder}".rstrip("/"), recursive=True)
@@ -537,13 +535,18 @@ def write_change_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Ma
     """One partition's change data file, under `_change_data/` as Delta's writers put them:
     the table's data columns and CHANGE_TYPE_COLUMN (partition values in the log)."""
     data = rows.select([*data_schema.names, CHANGE_TYPE_COLUMN])
-    folder = ""
-    if values and all(v is not None and _PLAIN_VALUE.fullmatch(v) for v in values.values()):
-        folder = "".join(f"{c}={v}/" for c, v in values.items())
+    folder = _partition_folder(values)
     path = f"{CHANGE_DATA_FOLDER}/{folder}cdc-00000-{uuid.uuid4()}.c000.snappy.parquet"
     fs.create_dir(f"{root}/{CHANGE_DATA_FOLDER}/{folder}".rstrip("/"), recursive=True)
     pq.write_table(data, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us")
     return ChangeFile(path, fs.get_file_info(f"{root}/{path}").size, dict(values))
+
+
+def _partition_folder(values: Mapping[str, str | None]) -> str:
+    """A partition's Hive-style folder ("c=v/"), or "" where a value is not plain (`_PLAIN_VALUE`)."""
+    if values and all(v is not None and _PLAIN_VALUE.fullmatch(v) for v in values.values()):
+        return "".join(f"{c}={v}/" for c, v in values.items())
+    return ""
 
 
 def _dictionary_columns(data: pa.Table, sample: int = 4096) -> list[str]:
