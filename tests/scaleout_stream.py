@@ -5,7 +5,9 @@ the change data feed), "global" (scope "global": moves, key-only deletes, re-sen
 (plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
 files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" and
 "global-history" (plain and global into an SCD type 2 table, the seed its first batch),
-"history-crash" (history, killed as crash is), "spark-merge-crash" (plain under
+"history-crash" (history, killed as crash is), "vectors-crash" (crash, on a table with
+deletion vectors: its updates merge-on-read, the writing tasks write the vectors too),
+"spark-merge-crash" (plain under
 engine = "delta-spark", its updates MERGEd by Spark from the writes the executors tagged,
 an executor JVM killed inside a tagging task in SPARK_MERGE_CRASH_BATCHES, the stream
 SPARK_MERGE_BATCHES long: Spark's MERGE costs 10-30 s a batch on two executors).
@@ -37,7 +39,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 from sink.task_context import spark_local_dirs
 from tests.engines import ENGINE_OPTIONS, SMALL_TABLES_CONF
@@ -53,7 +55,8 @@ from tests.oracle import (
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
-STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash", "spark-merge-crash")
+STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash", "vectors-crash",
+           "spark-merge-crash")
 CRASH_BATCHES = (2, 5)
 SPARK_MERGE_BATCHES, SPARK_MERGE_CRASH_BATCHES = 4, (2,)  # a batch after the crash, on its new executor
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
@@ -146,7 +149,9 @@ def late_batches(seed: int, keys: int, batches: int, per_batch: int, delete_shar
 
 
 def table_rows(uri: str) -> list[dict]:
-    return sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: (r["dt"], r["id"]))
+    """Through delta-rs' own reader, which applies deletion vectors (its pyarrow dataset refuses them)."""
+    read = QueryBuilder().register("t", DeltaTable(uri)).execute("SELECT id, dt, ts, op, v FROM t").read_all()
+    return sorted(pa.table(read).to_pylist(), key=lambda r: (r["dt"], r["id"]))
 
 
 def history_rows(uri: str) -> list[tuple]:
@@ -173,9 +178,11 @@ def never_committed(uri: str) -> int:
     return len(on_disk - added)
 
 
-def seed_table(uri: str, events: list[Event], cdf: bool) -> None:
+def seed_table(uri: str, events: list[Event], cdf: bool, vectors: bool = False) -> None:
+    configuration = {**({"delta.enableChangeDataFeed": "true"} if cdf else {}),
+                     **({"delta.enableDeletionVectors": "true"} if vectors else {})}
     write_deltalake(uri, pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), partition_by=["dt"],
-                    configuration={"delta.enableChangeDataFeed": "true"} if cdf else None)
+                    configuration=configuration or None)
 
 
 def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch: int, num_shards: int,
@@ -209,7 +216,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         stream, seed = [seed, *stream], []
         expected, rows_of = functools.partial(expected_history, scope=scope), history_rows
     else:
-        seed_table(cfg.table_uri, seed, cdf=name == "cdf")
+        seed_table(cfg.table_uri, seed, cdf=name == "cdf", vectors=name.startswith("vectors"))
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
     if crash:  # the tasks that run last: tagging ones when the writes stay for Spark's MERGE
         from sink.batch import executor_tagger

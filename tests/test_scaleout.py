@@ -122,15 +122,18 @@ def test_executors_write_the_files_and_a_task_killed_with_its_executor_commits_n
     (tagging too, its shuffle output went with the executor), the batch commits the files of
     the attempts that finished, and the table stays exact. The killed attempt's files stay
     behind, never committed (VACUUM removes them). The history-crash stream does the same
-    inside a history table's writing tasks, checked against the history oracle."""
+    inside a history table's writing tasks, checked against the history oracle; the
+    vectors-crash stream inside merge-on-read writing tasks, which write deletion vectors too."""
     plain = next(s for s in two_executors if s["stream"] == "plain")
-    crashes = [s for s in two_executors if s["stream"] in ("crash", "history-crash")]
+    crashes = [s for s in two_executors if s["stream"] in ("crash", "history-crash", "vectors-crash")]
     for stream in (plain, *crashes):
         assert [b["exact"] for b in stream["batches"]] == [True] * len(stream["batches"]), stream["stream"]
-        assert all(b["write_seconds"] > 0 and b["mode"] in ("append", "rewrite") for b in stream["batches"])
+        updates = "merge-on-read" if stream["stream"] == "vectors-crash" else "rewrite"
+        assert {b["mode"] for b in stream["batches"]} - {"append"} == {updates}, stream["stream"]
+        assert all(b["write_seconds"] > 0 for b in stream["batches"])
     assert [b["never_committed"] for b in plain["batches"]] == [0] * len(plain["batches"])
-    assert len(crashes) == 2
-    for crash in crashes:  # type 1, and a history table's writing tasks
+    assert len(crashes) == 3
+    for crash in crashes:  # type 1 copy-on-write and merge-on-read, and a history table's writing tasks
         killed = [b["batch"] for b in crash["batches"] if b["killed"]]
         assert killed == list(CRASH_BATCHES), crash["stream"]
         left = [b["never_committed"] for b in crash["batches"]]
