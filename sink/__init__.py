@@ -4,6 +4,7 @@ from sink.config import SinkConfig
 from sink.errors import (
     CommitConflictError,
     ConfigError,
+    ConstraintViolationError,
     ContractMismatchError,
     DeletionVectorError,
     OtherWriterCommitError,
@@ -22,6 +23,7 @@ __all__ = [
     "BatchReport",
     "CommitConflictError",
     "ConfigError",
+    "ConstraintViolationError",
     "ContractMismatchError",
     "DeletionVectorError",
     "OtherWriterCommitError",

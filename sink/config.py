@@ -55,9 +55,13 @@ class SinkConfig:
     `quarantine_when: <expression>` (a null result passes)."""
     check_constraints: str = "quarantine"
     """What happens to a record that would break one of the table's CHECK constraints (Delta's
-    `ALTER TABLE ... ADD CONSTRAINT`): `"quarantine"` sends it to quarantine with the reason
-    `CHECK constraint <name> (<expression>) violated` before anything is written; `"fail"` leaves
-    it to the engine, whose commit then fails the batch with Delta's error (Spark replays it)."""
+    `ALTER TABLE ... ADD CONSTRAINT`), column invariants or generated columns (a value other
+    than its expression's): `"quarantine"` sends it to quarantine with the reason
+    `CHECK constraint <name> (<expression>) violated` (`invariant on column <c>`, `generated
+    column <c>`) before anything is written; `"fail"` refuses the batch with a
+    `ConstraintViolationError` naming the check and a key, nothing written (Spark replays it);
+    under `ignore_null_updates` or `scd_type = 2`, `"fail"` leaves the check to the engine's
+    MERGE, whose commit fails with Delta's error."""
     corrupt_record_column: str = "_corrupt_record"
     """Spark's corrupt-record column (the reader's `columnNameOfCorruptRecord`): when the stream has
     it, records where it is set (a value that did not parse as its type, which PERMISSIVE reading
@@ -130,7 +134,7 @@ class SinkConfig:
     engine: str = "auto"
     """The Delta engine: `"deltalake"` (delta-rs alone); `"delta-spark"`: Delta's Spark engine
     commits where delta-rs cannot write (row tracking, identity columns) and where files must
-    not be rewritten (deletion vectors, change data feed, constraints: its MERGE), delta-rs the
+    not be rewritten (column mapping: its MERGE), delta-rs the
     rest (needs Delta's extension in the session); `"auto"`: delta-rs, and Delta's Spark engine
     for the tables delta-rs cannot write when the session has Delta's extension (delta-rs' MERGE
     is the faster one: docs, Delta's Spark engine)."""
@@ -166,7 +170,8 @@ class SinkConfig:
     the new files, or on a table with deletion vectors marks their rows deleted in them and
     writes only the new row versions (merge-on-read), either writing the change data feed's
     files where the table has one, falling back to MERGE, logged, on tables with features
-    neither honours (column mapping, constraints, generated columns); `"merge-on-read"`: as
+    neither honours (column mapping; constraints and generated columns where rows are not
+    records as they arrived: `ignore_null_updates`, `scd_type = 2`); `"merge-on-read"`: as
     `"auto"`, on a table with deletion vectors: the sink creates its table with them, and
     turns them on in an existing one only with `allow_protocol_upgrade`; `"merge"`: always
     delta-rs' MERGE."""
@@ -316,6 +321,13 @@ class SinkConfig:
         if self.scope == "global":
             return [*self.key]
         return [*self.partition_by, *(c for c in self.key if c not in self.partition_by)]
+
+    @property
+    def writes_records_as_rows(self) -> bool:
+        """Every row a batch writes is one of its records as it arrived, not a partial update
+        merged with the stored row nor a history table's rebuilt version: checking the records
+        against the table's CHECK constraints, invariants and generated columns checks the rows."""
+        return self.scd_type == 1 and not self.ignore_null_updates
 
     @property
     def tombstone_key(self) -> list[str]:

@@ -65,6 +65,11 @@ class OtherWriterCommitError(SinkError):
     the commit."""
 
 
+class ConstraintViolationError(SinkError):
+    """A record breaks one of the table's CHECK constraints, invariants or generated columns
+    under check_constraints = "fail": the batch is refused before anything is written, naming it."""
+
+
 class DeletionVectorError(SinkError):
     """A deletion vector in the table does not read as the protocol's format says (its size,
     CRC-32, magic number or cardinality disagree with its descriptor): nothing was written."""

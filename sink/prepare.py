@@ -132,8 +132,8 @@ NULL_PARTITION = "null partition column"
 def quarantine_reason(cfg: SinkConfig, schema: StructType, constraints: Mapping[str, str] = {}) -> str:
     """SQL for why a record cannot be written (NULL when it can), first failing check wins.
     An empty string partition value is refused too: Delta stores it as NULL, so the row
-    would not come back under the value it was written with. `constraints`: the table's CHECK
-    constraints (name -> expression) an upsert must meet, false or null breaking one, as Delta
+    would not come back under the value it was written with. `constraints`: what an upsert must
+    meet (`features.row_checks`: label -> expression), false or null breaking one, as Delta
     checks them."""
     col = keys.quoted_column
     checks = []
@@ -155,11 +155,15 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType, constraints: Mapping[
     checks += [(f"{col(c)} IS NULL", f"null ordering column {c}") for c in stream_ordering(cfg)]
     if cfg.quarantine_when:
         checks.append((f"coalesce(({cfg.quarantine_when}), false)", f"quarantine_when: {cfg.quarantine_when}"))
-    for name, expr in constraints.items():
-        checks.append((f"NOT {_delete_sql(cfg)} AND NOT coalesce(({expr}), false)",
-                       f"CHECK constraint {name} ({expr}) violated"))
+    for label, expr in constraints.items():
+        checks.append((f"NOT {_delete_sql(cfg)} AND NOT coalesce(({expr}), false)", violation(label, expr)))
     whens = " ".join(f"WHEN {failed} THEN {sql_string(why)}" for failed, why in checks)
     return f"CASE {whens} ELSE CAST(NULL AS STRING) END"
+
+
+def violation(label: str, expression: str) -> str:
+    """The quarantine reason of an upsert breaking the table's check `label`."""
+    return f"{label} ({expression}) violated"
 
 
 def stream_ordering(cfg: SinkConfig) -> list[str]:
@@ -181,7 +185,7 @@ def prepare(df: DataFrame, cfg: SinkConfig, num_shards: int, *, file_column: str
     `keys.encode_keys` makes it from the key columns at a fraction of Spark's cost to compute
     and ship it (a single string key is the key column itself). `file_column`: SQL for the
     record's input file (`SessionKind.file_column`); None leaves it out, for a batch not tagged.
-    `constraints`: the table's CHECK constraints upserts are quarantined for breaking."""
+    `constraints`: the table's row checks upserts are quarantined for breaking."""
     key_expr = keys.spark_key_expr(cfg.key)
     orderings = [f"{keys.spark_ordering_expr(c, df.schema[c].dataType.typeName())} AS {helper}"
                  for c, helper in zip(cfg.ordering_columns, helper_columns(len(cfg.ordering_columns)))]

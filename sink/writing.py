@@ -26,6 +26,7 @@ from deltalake.transaction import AddAction
 from sink import columns as C
 from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse import versions
+from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.rewrite import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, rewrite_files
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
@@ -60,6 +61,7 @@ class WriteContext:
     history: HistoryBatch | None = None
     merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.rewrite)
     change_data: bool = False  # the table has a change data feed: its files are written too
+    column_mapping: ColumnMapping | None = None  # the table's: its files' column names
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -84,7 +86,7 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
         return
     columns = [*C.stream_columns(rows.column_names), WRITE_COLUMN, *([PARTIAL_COLUMN] if ctx.partial else [])]
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
-                    ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data)
+                    ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data, ctx.column_mapping)
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
     yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),

@@ -14,14 +14,14 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sink import columns as C
 from sink.batch.state import BatchState
 from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
-from sink.errors import ContractMismatchError, SchemaError, WriterIdReusedError
+from sink.errors import ConstraintViolationError, ContractMismatchError, SchemaError, WriterIdReusedError
 from sink.history import HISTORY_COLUMNS, RUN_EVENTS, HistoryColumns, history_fields
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.engine import DeltaEngine
-from sink.lakehouse.features import check_constraints
+from sink.lakehouse.features import row_checks
 from sink.lakehouse.schema import added_columns, check_history_columns, pending
 from sink.library_errors import first_line
-from sink.prepare import validate_stream, with_hidden_ordering
+from sink.prepare import quarantine_reason, validate_stream, violation, with_hidden_ordering
 from sink.session import session_kind
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class Checks:
         """Open (or create) the table at its latest version and check the batch against it;
         sets the batch's hidden ordering copies, its added columns and the writer's last batch."""
         cfg = self._config
+        self._target.refresh_if_open()  # the stream is checked against the schema as it is now
         self.validate(state.batch_df)
         state.batch_df = batch_df = with_hidden_ordering(state.batch_df, self._stream_config)
         self._target.open_or_create(self.stored_schema(batch_df), self.contract)
@@ -53,6 +54,8 @@ class Checks:
         state.added = self.added_columns(batch_df)
         if cfg.check_constraints == "quarantine":
             state.constraints = self._constraints(batch_df)
+        elif cfg.writes_records_as_rows:
+            self._refuse_breaking(state)
         state.committed = self._target.transaction_version(self._writer_id)
         if state.added:
             log.warning("batch %s adds column(s) %s to %s (schema_evolution = 'add_columns')", state.batch_id,
@@ -77,20 +80,41 @@ class Checks:
             self._validated = df.schema
 
     def _constraints(self, df: DataFrame) -> dict[str, str]:
-        """The table's CHECK constraints, each checked once to apply to the stream's columns."""
-        constraints = check_constraints(self._target.table)
-        key = (df.schema, tuple(constraints.items()))
+        """The table's row checks, each checked once to apply to the stream's columns."""
+        checks = row_checks(self._target.table)
+        key = (df.schema, tuple(checks.items()))
         if self._constraints_checked != key:
-            for name, expr in constraints.items():
+            for label, expr in checks.items():
                 try:
                     df.select(F.expr(expr)).schema  # noqa: B018 (analysis only)
                 except Exception as e:
                     raise SchemaError(
-                        f"{self._config.table_uri}'s CHECK constraint {name} ({expr}) does not apply to the stream's "
-                        f"columns ({first_line(e)}): check_constraints = 'quarantine' evaluates it on each record; "
-                        "set check_constraints = 'fail' to leave it to Delta's commit") from e
+                        f"{self._config.table_uri}'s {label} ({expr}) does not apply to the stream's columns "
+                        f"({first_line(e)}): check_constraints = 'quarantine' evaluates it on each record; set "
+                        "check_constraints = 'fail' to leave it to the commit") from e
             self._constraints_checked = key
-        return constraints
+        return checks
+
+    def _refuse_breaking(self, state: BatchState) -> None:
+        """check_constraints = "fail": ConstraintViolationError, naming the check and a key, when
+        an upsert breaks one of the table's row checks. Before anything is written, because the
+        commit may be one that checks nothing (the sink's rewrite, its log commit). One Spark
+        job a batch, on tables with row checks."""
+        cfg = self._config
+        checks = row_checks(self._target.table)
+        if not checks:
+            return
+        df = state.batch_df
+        violations = [violation(label, expr) for label, expr in checks.items()]
+        broken = (df.select(F.expr(quarantine_reason(cfg, df.schema, checks)).alias("broken"), *cfg.key)
+                  .where(F.col("broken").isin(violations)).limit(1).collect())
+        if broken:
+            row = broken[0].asDict()
+            reason = row.pop("broken")
+            raise ConstraintViolationError(
+                f"batch {state.batch_id}: the record with key {row} breaks {cfg.table_uri}'s {reason}; "
+                "check_constraints = 'fail' refuses the batch, nothing was written. Fix the record upstream, or "
+                "set check_constraints = 'quarantine' to set such records aside")
 
     def added_columns(self, df: DataFrame) -> list[pa.Field]:
         """The stream's columns the table lacks (added in the batch's commit); SchemaError for

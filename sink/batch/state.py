@@ -38,8 +38,8 @@ class BatchState:
     # Checks: the columns the batch adds to the table, and this writer's last batch in it.
     added: list[pa.Field] = field(default_factory=list)
     committed: int | None = None
-    # The table's CHECK constraints the batch's upserts are quarantined for breaking (name ->
-    # expression; none with check_constraints = "fail").
+    # The table's row checks (CHECK constraints, invariants, generated columns: label ->
+    # expression) the batch's upserts are quarantined for breaking; none with check_constraints = "fail".
     constraints: dict[str, str] = field(default_factory=dict)
     # Prepare: the records routed and checked, the shape of the tagging output, the input
     # files in arrival order.

@@ -16,11 +16,14 @@ from deltalake.exceptions import CommitFailedError
 
 from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, log_commit, merge, merge_task, open_tables, rewrite, versions
+from sink.lakehouse.column_mapping import ColumnMapping, writable
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import (
+    COLUMN_MAPPING,
     ENABLE_CHANGE_DATA_FEED,
     ENABLE_DELETION_VECTORS,
     GENERATION_EXPRESSION,
+    ROW_CHECKS,
     change_data_feed,
     merge_only_reason,
     supports_deletion_vectors,
@@ -70,11 +73,15 @@ class DeltaTarget:
     """The target table, as seen by one sink."""
 
     def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
-                 allow_protocol_upgrade: bool = False):
+                 allow_protocol_upgrade: bool = False, checks_rows: bool = False):
+        """`checks_rows`: the batch checks every row it writes against the table's CHECK
+        constraints, invariants and generated columns (`features.row_checks`) before it is
+        written, so those need no MERGE."""
         self.uri = uri
         self.partition_by = list(partition_by)
         self.commit_mode = commit_mode
         self.allow_protocol_upgrade = allow_protocol_upgrade
+        self.checks_rows = checks_rows
         self._dt: DeltaTable | None = None
         self._merge_reason: str | None = None  # logged once per reason
         self._vectors = LiveDeletionVectors(uri)
@@ -158,6 +165,11 @@ class DeltaTarget:
     def refresh(self) -> None:
         self.table.update_incremental()
 
+    def refresh_if_open(self) -> None:
+        """Read the open table's latest version (an unopened one is read at its latest)."""
+        if self._dt is not None:
+            self.refresh()
+
     def stored_files(self) -> dict[str, list[rewrite.StoredFile]]:
         """The loaded version's files by partition id, with the deletion vectors they carry."""
         table = self.table
@@ -209,7 +221,8 @@ class DeltaTarget:
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
         writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
-                        props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed())
+                        props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed(),
+                        column_mapping=self.column_mapping())
         if mode == "append":
             append.commit(self.table, writes, evolve=bool(added_columns))
             self.refresh()
@@ -331,12 +344,16 @@ class DeltaTarget:
         honours (logged once per reason)."""
         if self.commit_mode == "merge":
             return "merge"
-        reason = self._merge_only_reason()
+        checked = ROW_CHECKS if self.checks_rows else ()
+        reason = self._merge_only_reason(honoured=checked)
         if reason is None:
             return "rewrite"
-        # Deletion vectors and the change data feed: the sink's own log commit writes them.
+        # Deletion vectors, the change data feed and column mapping (of top-level columns):
+        # the sink's own log commit writes them.
         vectors = writes_deletion_vectors(self.table)
-        reason = self._merge_only_reason(honoured=LOG_COMMIT_FEATURES if vectors else [ENABLE_CHANGE_DATA_FEED])
+        logged = (*(LOG_COMMIT_FEATURES if vectors else (ENABLE_CHANGE_DATA_FEED,)),
+                  *((COLUMN_MAPPING,) if writable(self.table) else ()))
+        reason = self._merge_only_reason(honoured=(*checked, *logged))
         unsupported = log_commit.unsupported_feature(self.table)
         if reason is None and unsupported is None:
             return MERGE_ON_READ if vectors else "rewrite"
@@ -352,6 +369,9 @@ class DeltaTarget:
 
     def change_data_feed(self) -> bool:
         return change_data_feed(self.table)
+
+    def column_mapping(self) -> ColumnMapping | None:
+        return ColumnMapping.of(self.table)
 
     def history_update_mode(self) -> str:
         """How a history table's rebuilt versions commit: as updates do, but through MERGE on a

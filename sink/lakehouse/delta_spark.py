@@ -6,8 +6,9 @@ Paths, per batch, by what the table allows (`update_mode`):
 - a table the copy-on-write rewrite or merge-on-read may commit (no feature below; deletion
   vectors and a change data feed are written by the sink's log commit): delta-rs, as under
   `engine = "deltalake"` (measured faster: sink.lakehouse.delta_rs);
-- updates on a table with column mapping, CHECK constraints, generated columns, or under
-  `commit_mode = "merge"`: Spark's `MERGE INTO`,
+- updates on a table with column mapping (or CHECK constraints, invariants, generated
+  columns the batch does not check: `checks_rows`), or under `commit_mode = "merge"`: Spark's
+  `MERGE INTO`,
   pruned by the partitions the index located as literals in `ON`;
 - any write to a table delta-rs cannot write at all (row tracking, identity columns,
   domain metadata): Spark's append or MERGE.
@@ -69,8 +70,10 @@ class DeltaSparkTarget(DeltaTarget):
     Spark session (`attach`) where delta-rs cannot, or (`spark_writes = "merges"`) should not."""
 
     def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
-                 allow_protocol_upgrade: bool = False, spark_writes: SparkWrites = "merges"):
-        super().__init__(uri, partition_by, commit_mode, allow_protocol_upgrade=allow_protocol_upgrade)
+                 allow_protocol_upgrade: bool = False, checks_rows: bool = False,
+                 spark_writes: SparkWrites = "merges"):
+        super().__init__(uri, partition_by, commit_mode, allow_protocol_upgrade=allow_protocol_upgrade,
+                         checks_rows=checks_rows)
         self._spark_writes = spark_writes
         self._spark: SparkSession | None = None  # None: delta-rs writes all (auto, no Delta in the session)
 

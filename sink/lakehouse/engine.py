@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sink.config import SinkConfig
 from sink.lakehouse import rewrite, versions
+from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
 from sink.lakehouse.delta_spark import DeltaSparkTarget
@@ -46,6 +47,9 @@ class DeltaEngine(Protocol):
     def refresh(self) -> None:
         """Read the table's latest version."""
 
+    def refresh_if_open(self) -> None:
+        """Read the table's latest version if it is open (an unopened one is read at its latest)."""
+
     def stored_files(self) -> dict[str, list[rewrite.StoredFile]]:
         """The loaded version's files by partition id, with their deletion vectors."""
 
@@ -75,6 +79,9 @@ class DeltaEngine(Protocol):
 
     def change_data_feed(self) -> bool:
         """Whether the table has a change data feed, whose files a rewrite writes."""
+
+    def column_mapping(self) -> ColumnMapping | None:
+        """The table's column mapping, under which a rewrite reads and writes its files."""
 
     def commits_since(self, version: int) -> list[CommitSummary]: ...
 
@@ -108,9 +115,8 @@ class DeltaEngine(Protocol):
 def delta_engine(config: SinkConfig) -> DeltaEngine:
     """The engine `config.engine` names; "auto" is delta-rs where it can write the table and
     Spark where it cannot, when the session has Delta's extension."""
+    options = dict(allow_protocol_upgrade=config.allow_protocol_upgrade, checks_rows=config.writes_records_as_rows)
     if config.engine == "deltalake":
-        return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode,
-                           allow_protocol_upgrade=config.allow_protocol_upgrade)
-    return DeltaSparkTarget(config.table_uri, config.partition_by, config.commit_mode,
-                            allow_protocol_upgrade=config.allow_protocol_upgrade,
+        return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode, **options)
+    return DeltaSparkTarget(config.table_uri, config.partition_by, config.commit_mode, **options,
                             spark_writes="merges" if config.engine == "delta-spark" else "unwritable")

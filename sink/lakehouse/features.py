@@ -2,11 +2,14 @@
 
 `create_write_transaction` commits what it is given and checks almost nothing: files written
 by hand would skip what these features require of every writer (docs: "The copy-on-write
-commit and delta-rs"), so such tables stay on delta-rs' MERGE, which honours them.
+commit and delta-rs"), so such tables stay on delta-rs' MERGE, which honours them; except
+for what the sink's own commits write (deletion vectors, the change data feed) and the row
+checks the batch makes itself before writing (`row_checks`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Iterator
 
@@ -14,20 +17,22 @@ from deltalake import DeltaTable
 
 ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
 ENABLE_CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+COLUMN_MAPPING = "delta.columnMapping.mode"
 # Table property prefix -> why the rewrite cannot honour it.
 _PROPERTIES = {
     ENABLE_DELETION_VECTORS: "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)",
-    "delta.columnMapping.mode": "column mapping (files must use physical column names and ids)",
+    COLUMN_MAPPING: "column mapping (files must use physical column names and ids)",
     ENABLE_CHANGE_DATA_FEED: "change data feed (a rewrite cannot write the change files)",
     "delta.constraints.": "CHECK constraints (a rewrite does not evaluate them)",
 }
 _CONSTRAINT = "delta.constraints."
+_INVARIANTS = "delta.invariants"
 _DOUBLE_QUOTED = re.compile(r'"([^"`]+)"')
 # A table that supports deletion vectors may hold files that carry one, even with the property off.
 _DELETION_VECTORS = "deletionVectors"
 GENERATION_EXPRESSION = "delta.generationExpression"  # a generated column's field metadata: its SQL
 _FIELD_METADATA = {
-    "delta.invariants": "column invariants (a rewrite does not enforce them)",
+    _INVARIANTS: "column invariants (a rewrite does not enforce them)",
     GENERATION_EXPRESSION: "generated columns (a rewrite does not compute them)",
 }
 # Writer features delta-rs (1.6.6) does not write at all: it refuses the commit ("Unsupported
@@ -41,18 +46,21 @@ _UNWRITABLE_FEATURES = {
 # An identity column on a protocol without a feature list (writer version 6).
 _IDENTITY_METADATA = "delta.identity."
 _OFF = ("false", "none", "")
-_UNREADABLE = (_PROPERTIES[ENABLE_DELETION_VECTORS], _PROPERTIES["delta.columnMapping.mode"])
+_UNREADABLE = (_PROPERTIES[ENABLE_DELETION_VECTORS], _PROPERTIES[COLUMN_MAPPING])
+# What the sink checks on every row it writes, before writing it (`row_checks`): honoured where it does.
+ROW_CHECKS = (_CONSTRAINT, _INVARIANTS, GENERATION_EXPRESSION)
 
 
 def merge_only_reason(table: DeltaTable, *, honoured: Collection[str] = ()) -> str | None:
     """Why this table's updates must go through MERGE, or None when a rewrite may commit them;
-    `honoured`: the features (their table properties, ENABLE_DELETION_VECTORS,
-    ENABLE_CHANGE_DATA_FEED) the sink's own log commit writes, which then need no MERGE.
+    `honoured`: the features (their table property or field metadata key: ENABLE_DELETION_VECTORS,
+    ENABLE_CHANGE_DATA_FEED, ROW_CHECKS, COLUMN_MAPPING) the sink's commit honours, which then
+    need no MERGE.
 
     Reads the snapshot's protocol, properties and field metadata (no I/O): what is in use, not
     what the protocol merely allows (legacy protocols, writer versions 2-6, list no features).
     """
-    skipped = {_PROPERTIES[p] for p in honoured}
+    skipped = {{**_PROPERTIES, **_FIELD_METADATA}[p] for p in honoured}
     return next((r for r in _reasons(table) if r not in skipped), None)
 
 
@@ -103,6 +111,22 @@ def check_constraints(table: DeltaTable) -> dict[str, str]:
 
     return {key.removeprefix(_CONSTRAINT): spark_sql(value) for key, value in table.metadata().configuration.items()
             if key.startswith(_CONSTRAINT) and value}
+
+
+def row_checks(table: DeltaTable) -> dict[str, str]:
+    """What every row written to the table must meet, as Delta's writers check it: label (what
+    a violation names: "CHECK constraint <name>", "invariant on column <c>", "generated column
+    <c>") -> Spark SQL boolean, a row breaking it where it is false or null. A generated column's
+    value must equal its expression, null for null (Delta checks `c <=> (expression)`)."""
+    checks = {f"CHECK constraint {name}": expr for name, expr in check_constraints(table).items()}
+    for f in table.schema().fields:
+        metadata = f.metadata or {}
+        if _INVARIANTS in metadata:
+            invariant = json.loads(str(metadata[_INVARIANTS]))["expression"]["expression"]
+            checks[f"invariant on column {f.name}"] = invariant
+        if GENERATION_EXPRESSION in metadata:
+            checks[f"generated column {f.name}"] = f"`{f.name}` <=> ({metadata[GENERATION_EXPRESSION]})"
+    return checks
 
 
 def identity_columns(table: DeltaTable) -> list[str]:

@@ -13,7 +13,8 @@ inserted, deletes of them dropped.
 
 `create_write_transaction` checks almost nothing (docs: "The copy-on-write commit and delta-rs"), so
 `check_actions` does before the commit; tables with features a hand-written file would break
-stay on MERGE (`features.merge_only_reason`).
+stay on MERGE (`features.merge_only_reason`), but for the row checks the batch made itself
+(`features.row_checks`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pyroaring import BitMap64
 from sink import keys
 from sink.errors import CommitCheckError
 from sink.lakehouse import deletion_vectors, file_cache, log_commit
+from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.stats import stats_json
@@ -137,9 +139,12 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     number of files rewritten. Commits nothing when `rewrite` is empty."""
     if rewrite.empty:
         return 0
-    check_actions(uri, rewrite, snapshot, schema, partition_by)
-    if rewrite.needs_log_commit:
-        log_commit.commit(table, uri, log_actions(rewrite), props, operation="MERGE",
+    mapping = ColumnMapping.of(table)
+    check_actions(uri, rewrite, snapshot, schema, partition_by, mapping)
+    # Under column mapping the log keys partition values by physical name: the sink's own
+    # commit writes them so (create_write_transaction takes them as given).
+    if rewrite.needs_log_commit or mapping is not None:
+        log_commit.commit(table, uri, log_actions(rewrite, mapping), props, operation="MERGE",
                           parameters={"predicate": "[]", "commitPath": "merge-on-read"}, metrics=log_metrics(rewrite))
         return len(rewrite.removes)
     now = int(time.time() * 1000)
@@ -150,29 +155,34 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     return len(rewrite.removes)
 
 
-def log_actions(rewrite: Rewrite) -> list[dict]:
+def log_actions(rewrite: Rewrite, mapping: ColumnMapping | None = None) -> list[dict]:
     """The rewrite's actions as the log spells them: a `remove` of each replaced or marked file
     (with the deletion vector it had), an `add` of each marked file with its new one, and of
-    each new file, a `cdc` of each change file."""
+    each new file, a `cdc` of each change file; partition values keyed by physical name
+    under a column `mapping`."""
     now = int(time.time() * 1000)
+
+    def keyed(values: Mapping[str, str | None]) -> dict[str, str | None]:
+        return mapping.partition_values(values) if mapping is not None else dict(values)
+
     actions = []
     for f in rewrite.removes:
         remove = {"path": f.path, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
-                  "partitionValues": f.partition_values, "size": f.size}
+                  "partitionValues": keyed(f.partition_values), "size": f.size}
         if f.deletion_vector is not None:
             remove["deletionVector"] = f.deletion_vector.to_json()
         actions.append({"remove": remove})
     for m in rewrite.marked:
-        actions.append({"add": {"path": m.stored.path, "partitionValues": m.stored.partition_values,
+        actions.append({"add": {"path": m.stored.path, "partitionValues": keyed(m.stored.partition_values),
                                 "size": m.stored.size, "modificationTime": now, "dataChange": True, "stats": m.stats,
                                 "deletionVector": m.deletion_vector.to_json()}})
     for w in rewrite.adds:
         a = w.action
-        actions.append({"add": {"path": quote(a.path, safe="/="), "partitionValues": dict(a.partition_values),
+        actions.append({"add": {"path": quote(a.path, safe="/="), "partitionValues": keyed(a.partition_values),
                                 "size": a.size, "modificationTime": a.modification_time, "dataChange": True,
                                 "stats": a.stats}})
     for c in rewrite.changes:
-        actions.append({"cdc": {"path": quote(c.path, safe="/="), "partitionValues": c.partition_values,
+        actions.append({"cdc": {"path": quote(c.path, safe="/="), "partitionValues": keyed(c.partition_values),
                                 "size": c.size, "dataChange": False}})
     return actions
 
@@ -226,7 +236,7 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
         done = list(pool.map(one, range(len(names))))
     marks = [m for _, partition_marks in done for m in partition_marks]
     return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
-                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks),
+                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks, writes.column_mapping),
                    [c for r, _ in done for c in r.changes])
 
 
@@ -238,9 +248,11 @@ def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
     done = _partition_tables(fs, root, files, rows, values, writes)
     data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
-    changes = [] if done.changes is None else [write_change_file(fs, root, done.changes, values, data_schema)]
-    return Rewrite(write_partition_files(fs, root, done.outputs, values, data_schema), done.removed, done.unchanged,
-                   changes=changes), done.marks
+    mapping = writes.column_mapping
+    changes = [] if done.changes is None else [write_change_file(fs, root, done.changes, values, data_schema,
+                                                                 mapping)]
+    return Rewrite(write_partition_files(fs, root, done.outputs, values, data_schema, mapping), done.removed,
+                   done.unchanged, changes=changes), done.marks
 
 
 @dataclass(frozen=True)
@@ -263,21 +275,29 @@ class Mark:
     physical_rows: int
 
 
-def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark]) -> list[MarkedFile]:
+def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping: ColumnMapping | None
+                 ) -> list[MarkedFile]:
     """Write the marks' deletion vectors (one file for all of them) and pair them with their
     files; a file whose every row is deleted is only removed (its remove is already listed)."""
     kept = [m for m in marks if len(m.rows) < m.physical_rows]
     if not kept:
         return []
     descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in kept])
-    return [MarkedFile(m.stored, d, _wide_stats(fs, root, m)) for m, d in zip(kept, descriptors)]
+    return [MarkedFile(m.stored, d, _wide_stats(fs, root, m, mapping)) for m, d in zip(kept, descriptors)]
 
 
-def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark) -> str:
+def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark, mapping: ColumnMapping | None) -> str:
     """A marked file's stats: its physical row count, its footer's bounds, not tight (the
-    protocol's requirement for a file with a deletion vector, and what Spark writes)."""
+    protocol's requirement for a file with a deletion vector, and what Spark writes); under a
+    column `mapping`, of the table's columns alone, keyed by physical name."""
     metadata = pq.read_metadata(f"{root}/{unquote(mark.stored.path)}", filesystem=fs)
-    stats = json.loads(stats_json(metadata, metadata.schema.to_arrow_schema(), skip=mark.stored.partition_values))
+    schema = metadata.schema.to_arrow_schema()
+    skip = mark.stored.partition_values
+    if mapping is not None:
+        in_file = mapping.file_columns(schema)
+        schema = pa.schema([schema.field(in_file[c]).with_name(mapping.physical[c]) for c in in_file])
+        skip = mapping.partition_values(skip)
+    stats = json.loads(stats_json(metadata, schema, skip=skip))
     return json.dumps({**stats, "numRecords": mark.physical_rows, "tightBounds": False})
 
 
@@ -302,7 +322,8 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     marks: list[Mark] = []
     change_rows: list[tuple[str, pa.Table]] = []
     unchanged = 0
-    for f, stored, at, deleted in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema):
+    for f, stored, at, deleted in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema,
+                                                 writes.column_mapping):
         matched[probed[at.drop_null().to_numpy()]] = True
         change = file_change(stored, changes, at, writes)
         unchanged += change.unchanged
@@ -346,18 +367,18 @@ def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> li
 
 
 def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,
-                   key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema
-                   ) -> Iterator[tuple[StoredFile, pa.Table, pa.Array, BitMap64]]:
+                   key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema,
+                   mapping: ColumnMapping | None = None) -> Iterator[tuple[StoredFile, pa.Table, pa.Array, BitMap64]]:
     """Of one partition's `files` (its partition `values`), those holding a row of
     `incoming_keys` (`row_keys`): each with its rows (in `schema`, partition columns
     included, every physical row), per row its key's position in `incoming_keys` (null: none,
     or a row its deletion vector deletes: those rows are not the table's), and the rows its
     deletion vector deletes. Each file is probed on its key columns first and read whole only
-    when it matches."""
+    when it matches; under a column `mapping`, its columns read under their table names."""
     key_schema = pa.schema([schema.field(c) for c in key_cols])
     for f in files:
         deleted = BitMap64()
-        with _stored_columns(fs, f"{root}/{unquote(f.path)}", key_cols) as (probe, read_rest):
+        with _stored_columns(fs, f"{root}/{unquote(f.path)}", key_cols, mapping) as (probe, read_rest):
             at = pc.index_in(row_keys(conform(probe, key_schema), key_cols), value_set=incoming_keys)
             if at.null_count == len(at):
                 continue
@@ -373,22 +394,35 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
 
 
 @contextmanager
-def _stored_columns(fs: pafs.FileSystem, location: str, key_cols: Sequence[str]
+def _stored_columns(fs: pafs.FileSystem, location: str, key_cols: Sequence[str], mapping: ColumnMapping | None
                     ) -> Iterator[tuple[pa.Table, Callable[[], pa.Table]]]:
     """One data file's key columns, and how to read its other columns: from memory when this
-    process wrote the file lately (`file_cache`), else from Parquet (keys first: most files
-    probed hold no key of the batch)."""
+    process wrote the file lately (`file_cache`, as written), else from Parquet (keys first:
+    most files probed hold no key of the batch); under a column `mapping` read by their names
+    in the file (physical names, or field ids: a rename since changes neither) and renamed."""
+    def table_columns(schema: pa.Schema) -> dict[str, str]:
+        return {c: c for c in schema.names} if mapping is None else mapping.file_columns(schema)
+
     held = file_cache.WRITTEN.get(location)
     if held is not None:
-        yield held.select(list(key_cols)), lambda: held.drop_columns(list(key_cols))
+        names = table_columns(held.schema)
+
+        def take(columns: Sequence[str]) -> pa.Table:
+            return held.select([names[c] for c in columns]).rename_columns(list(columns))
+
+        yield take(key_cols), lambda: take([c for c in names if c not in key_cols])
         return
     with fs.open_input_file(location) as source:
         parquet = pq.ParquetFile(source)
+        names = table_columns(parquet.schema_arrow)
+
         # One thread per file: the caller already reads a file per core (its thread pool, or
         # one Spark task per core); Arrow's reader threads on top of it cost the rewrite of
         # an events batch at 5M rows a tenth of its wall time (measured).
-        yield parquet.read(columns=list(key_cols), use_threads=False), lambda: parquet.read(
-            columns=[c for c in parquet.schema_arrow.names if c not in key_cols], use_threads=False)
+        def read(columns: Sequence[str]) -> pa.Table:
+            return parquet.read(columns=[names[c] for c in columns], use_threads=False).rename_columns(list(columns))
+
+        yield read(key_cols), lambda: read([c for c in names if c not in key_cols])
 
 
 def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]:
@@ -471,13 +505,16 @@ def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) ->
 
 
 def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]], schema: pa.Schema,
-                  partition_by: Sequence[str]) -> None:
+                  partition_by: Sequence[str], mapping: ColumnMapping | None = None) -> None:
     """What `create_write_transaction` does not check, checked before committing: every added
     file (data or change file) exists at its size, every removed file is in the snapshot the batch read, partition
-    values name exactly the partition columns, files hold the table's columns and types."""
+    values name exactly the partition columns, files hold the table's columns (physical ones
+    under a column `mapping`) and types."""
     fs, root = filesystem(uri)
     expected = set(partition_by)
     data_schema = pa.schema([f for f in schema if f.name not in expected])
+    if mapping is not None:
+        data_schema = mapping.physical_schema(data_schema)
     for w in rewrite.adds:
         a = w.action
         info = fs.get_file_info(f"{root}/{a.path}")
@@ -503,48 +540,59 @@ def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[Stored
 
 
 def write_partition_files(fs: pafs.FileSystem, root: str, tables: Sequence[pa.Table],
-                          values: Mapping[str, str | None], data_schema: pa.Schema) -> list[WrittenFile]:
+                          values: Mapping[str, str | None], data_schema: pa.Schema,
+                          mapping: ColumnMapping | None = None) -> list[WrittenFile]:
     """One partition's new data files, one per table: which columns to dictionary-encode is
     decided once, on the largest (a partition's files hold alike values)."""
     if not tables:
         return []
     dictionary = _dictionary_columns(max(tables, key=lambda t: t.num_rows).select(data_schema.names))
-    return [write_file(fs, root, t, values, data_schema, dictionary) for t in tables]
+    return [write_file(fs, root, t, values, data_schema, dictionary, mapping) for t in tables]
 
 
 def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
-               data_schema: pa.Schema, dictionary: Sequence[str]) -> WrittenFile:
+               data_schema: pa.Schema, dictionary: Sequence[str], mapping: ColumnMapping | None = None
+               ) -> WrittenFile:
     """One new data file (partition columns live in the log, not in the file) and its action;
-    `dictionary`: the columns to dictionary-encode (`_dictionary_columns`)."""
+    `dictionary`: the columns to dictionary-encode (`_dictionary_columns`); under a column
+    `mapping` the file and its stats name the columns by physical name."""
     data = rows.select(data_schema.names)
-    folder = _partition_folder(values)
+    stored = data if mapping is None else mapping.to_physical(data)
+    if mapping is not None:
+        dictionary = mapping.physical_names(dictionary)
+    folder = _partition_folder(values, mapping)
     path = f"{folder}part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     metadata: list[pq.FileMetaData] = []
     fs.create_dir(f"{root}/{folder}".rstrip("/"), recursive=True)
-    pq.write_table(data, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us",
+    pq.write_table(stored, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us",
                    use_dictionary=list(dictionary), metadata_collector=metadata)
     size = fs.get_file_info(f"{root}/{path}").size
-    file_cache.WRITTEN.put(f"{root}/{path}", data)
-    stats = stats_json(metadata[0], data.schema)
+    file_cache.WRITTEN.put(f"{root}/{path}", stored)
+    stats = stats_json(metadata[0], stored.schema)
     action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
     return WrittenFile(action, metadata[0].schema.to_arrow_schema())
 
 
 def write_change_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
-                      data_schema: pa.Schema) -> ChangeFile:
+                      data_schema: pa.Schema, mapping: ColumnMapping | None = None) -> ChangeFile:
     """One partition's change data file, under `_change_data/` as Delta's writers put them:
-    the table's data columns and CHANGE_TYPE_COLUMN (partition values in the log)."""
+    the table's data columns (by physical name under a column `mapping`) and
+    CHANGE_TYPE_COLUMN (partition values in the log)."""
     data = rows.select([*data_schema.names, CHANGE_TYPE_COLUMN])
-    folder = _partition_folder(values)
+    if mapping is not None:
+        columns = mapping.to_physical(data.select(data_schema.names))
+        data = columns.append_column(CHANGE_TYPE_COLUMN, data.column(CHANGE_TYPE_COLUMN))
+    folder = _partition_folder(values, mapping)
     path = f"{CHANGE_DATA_FOLDER}/{folder}cdc-00000-{uuid.uuid4()}.c000.snappy.parquet"
     fs.create_dir(f"{root}/{CHANGE_DATA_FOLDER}/{folder}".rstrip("/"), recursive=True)
     pq.write_table(data, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us")
     return ChangeFile(path, fs.get_file_info(f"{root}/{path}").size, dict(values))
 
 
-def _partition_folder(values: Mapping[str, str | None]) -> str:
-    """A partition's Hive-style folder ("c=v/"), or "" where a value is not plain (`_PLAIN_VALUE`)."""
-    if values and all(v is not None and _PLAIN_VALUE.fullmatch(v) for v in values.values()):
+def _partition_folder(values: Mapping[str, str | None], mapping: ColumnMapping | None = None) -> str:
+    """A partition's Hive-style folder ("c=v/"), or "" where a value is not plain (`_PLAIN_VALUE`)
+    or the table maps its columns (a folder named by a column would outlive a rename)."""
+    if mapping is None and values and all(v is not None and _PLAIN_VALUE.fullmatch(v) for v in values.values()):
         return "".join(f"{c}={v}/" for c, v in values.items())
     return ""
 

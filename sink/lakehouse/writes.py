@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, Transaction
 
 from sink import keys
+from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.log import USER_METADATA, commit_record
 
 WRITE_COLUMN = "__sink_write"
@@ -26,7 +27,8 @@ class Writes:
     PARTIAL_COLUMN. Committed with `props` (the app transaction; no retries; None in the Spark
     tasks that write a batch's files, whose driver commits them). `merge_on_read`: replaced
     and deleted rows are marked in deletion vectors, not rewritten; `change_data`: the table
-    has a change data feed, whose files the rewrite writes (sink.lakehouse.rewrite)."""
+    has a change data feed, whose files the rewrite writes (sink.lakehouse.rewrite);
+    `column_mapping`: the table's, under which its files are read and written."""
 
     rows: pa.Table
     schema: pa.Schema
@@ -37,6 +39,7 @@ class Writes:
     props: CommitProperties | None
     merge_on_read: bool = False
     change_data: bool = False
+    column_mapping: ColumnMapping | None = None
 
     @property
     def partial(self) -> bool:

@@ -9,6 +9,7 @@ from deltalake import DeltaTable
 
 from sink import SinkConfig, UpsertSink
 from sink.errors import ConfigError, SchemaError, UnsupportedTableError
+from sink.lakehouse import log_commit
 from sink.lakehouse.delta_spark import DeltaSparkTarget
 from tests import damage
 from tests.conf_session import ConfSession
@@ -44,16 +45,17 @@ def deletion_vectors(uri: str) -> int:
 
 DV = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
 CDF = "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')"
-# Deletion vectors and column mapping: the mapping keeps updates on Spark's MERGE, which writes
-# deletion vectors (on deletion vectors alone the sink marks rows itself: merge-on-read).
-SPARK_MERGES = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.columnMapping.mode' = 'name')"
+# A deletion-vector table under commit_mode = "merge": Spark's MERGE, which writes deletion
+# vectors (under "auto" the sink marks rows itself: merge-on-read).
+MERGING = {"commit_mode": "merge"}
+COLUMN_MAPPING = "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')"
 IDENTITY = COLUMNS + ", n BIGINT GENERATED ALWAYS AS IDENTITY"
 
 
 @pytest.mark.parametrize("columns, properties, constraint, stream_adds", [
     (COLUMNS, DV, "", ""),
     (COLUMNS, CDF, "", ""),
-    (COLUMNS, "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "", ""),
+    (COLUMNS, COLUMN_MAPPING, "", ""),
     (COLUMNS, "", "ts_not_negative CHECK (ts >= 0)", ""),
     (COLUMNS + ", g STRING GENERATED ALWAYS AS (upper(v))", "", "", "upper(v) AS g"),
     (IDENTITY, "", "", ""),
@@ -75,9 +77,14 @@ def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(
         sink(df.selectExpr("*", stream_adds) if stream_adds else df, b)
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
         assert DeltaTable(uri).transaction_version("w") == b
-    assert [r.mode for r in sink.reports] == [{DV: "merge-on-read", CDF: "rewrite"}.get(properties, "merge")]
-    history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'MERGE'").count()
-    assert history == 3  # Spark's MERGE or the sink's log commit (delta-rs' copy-on-write reads WRITE)
+    # The sink checks CHECK constraints and generated columns on the records before writing
+    # them; it writes the change files and physical column names itself (its log commit).
+    logged = properties in (CDF, COLUMN_MAPPING)
+    mode = {DV: "merge-on-read"}.get(properties, "rewrite" if logged or constraint or stream_adds else "merge")
+    assert [r.mode for r in sink.reports] == [mode]
+    # Spark's MERGE or the sink's log commit; delta-rs' copy-on-write reads WRITE.
+    merges = 0 if mode == "rewrite" and not logged else 3
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'MERGE'").count() == merges
     sink.close()
     assert sum(r["entries_checked"] for r in verify_replicas(cfg)) > 0
     if properties == DV:
@@ -92,9 +99,9 @@ def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(
 
 def test_spark_shows_the_sinks_commits_with_their_operation_metrics_and_app_transaction(spark, tmp_path):
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=SPARK_MERGES)
+    create(spark, uri, properties=DV)
     batches = random_batches(52, batches=2, per_batch=100, bad_share=0)
-    sink = UpsertSink(config(tmp_path, uri))
+    sink = UpsertSink(config(tmp_path, uri, **MERGING))
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)
     history = {r["version"]: r for r in spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").collect()}
@@ -165,9 +172,9 @@ def test_executor_tagging_merges_the_writes_where_they_were_tagged(spark, tmp_pa
 
     monkeypatch.setattr(DeltaSparkTarget, "commit", driver_held)
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=SPARK_MERGES)
+    create(spark, uri, properties=DV)
     batches = random_batches(56, batches=5, per_batch=200)
-    cfg = config(tmp_path, uri, tag_on="executors", num_shards=3)
+    cfg = config(tmp_path, uri, tag_on="executors", num_shards=3, **MERGING)
     sink = UpsertSink(cfg)
     for b, events in enumerate(batches):
         if b == 3:
@@ -188,15 +195,18 @@ def test_executor_tagging_merges_the_writes_where_they_were_tagged(spark, tmp_pa
 
 
 def engines_of_updates(spark, uri: str) -> list[str]:
-    """Who committed each update of the table: "spark" or "delta-rs", in version order."""
+    """Who committed each write of the table: "spark", "delta-rs" or the sink's own log
+    commit ("sink"), in version order."""
     history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation IN ('MERGE', 'WRITE')").orderBy("version")
-    return ["delta-rs" if r["engineInfo"].startswith("delta-rs") else "spark" for r in history.collect()]
+    engines = {"delta-rs": "delta-rs", log_commit.ENGINE_INFO: "sink"}
+    return [next((e for prefix, e in engines.items() if r["engineInfo"].startswith(prefix)), "spark")
+            for r in history.collect()]
 
 
 @pytest.mark.parametrize("properties, engines", [
     ("TBLPROPERTIES ('delta.enableRowTracking' = 'true')", ["spark"] * 3),
-    ("TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", ["delta-rs"] * 3),
-], ids=["row tracking: Spark", "column mapping: delta-rs' MERGE"])
+    (COLUMN_MAPPING, ["delta-rs", "sink", "sink"]),
+], ids=["row tracking: Spark", "column mapping: delta-rs' append, the sink's commits"])
 def test_engine_auto_takes_spark_only_where_delta_rs_cannot_write(spark, tmp_path, properties, engines):
     uri = str(tmp_path / "table")
     create(spark, uri, properties=properties)
@@ -205,7 +215,7 @@ def test_engine_auto_takes_spark_only_where_delta_rs_cannot_write(spark, tmp_pat
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
-    assert [r.mode for r in sink.reports] == ["append", "merge", "merge"]
+    assert [r.mode for r in sink.reports] == ["append", *["merge" if "spark" in engines else "rewrite"] * 2]
     assert engines_of_updates(spark, uri) == engines
 
 
@@ -225,8 +235,8 @@ def test_a_batch_of_deletes_of_unknown_keys_records_its_transaction_from_the_exe
     """Nothing to write but the batch's tombstones: the writes left on the executors are none,
     and Spark's empty append still records the batch, as the other paths do."""
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=SPARK_MERGES)
-    sink = UpsertSink(config(tmp_path, uri, tag_on="executors"))
+    create(spark, uri, properties=DV)
+    sink = UpsertSink(config(tmp_path, uri, tag_on="executors", **MERGING))
     sink(spark.createDataFrame([Event("a", "2025-01-01", 1, "u", "x")], SCHEMA), 0)
     sink(spark.createDataFrame([Event("gone", "2025-01-01", 2, "d", None)], SCHEMA), 1)
     assert (sink.reports[-1].ops["delete_missing"], sink.reports[-1].mode) == (1, "append")
@@ -280,8 +290,8 @@ def test_a_spark_commit_that_lost_the_sinks_app_transaction_is_refused_not_taken
     from sink.session.confs import session_confs
 
     uri = str(tmp_path / "table")
-    create(spark, uri, properties=SPARK_MERGES)
-    sink = UpsertSink(config(tmp_path, uri))
+    create(spark, uri, properties=DV)
+    sink = UpsertSink(config(tmp_path, uri, **MERGING))
     sink(spark.createDataFrame([Event("a", "2025-01-01", 1, "u", "x")], SCHEMA), 0)
 
     @contextmanager

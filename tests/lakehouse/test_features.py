@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable, Field, QueryBuilder, Schema
 
 from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
-from sink.lakehouse.features import check_constraints, merge_only_reason
+from sink.lakehouse.features import check_constraints, merge_only_reason, row_checks
 
 COLUMNS = [("id", "string", pa.string()), ("dt", "string", pa.string()), ("ts", "long", pa.int64()),
            ("g", "long", pa.int64())]
@@ -53,11 +53,13 @@ def test_a_plain_table_is_rewritten(tmp_path):
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_a_table_with_the_feature_commits_updates_through_merge_or_the_log_commit(tmp_path, caplog, feature):
     """Deletion vectors: the sink marks rows itself (merge-on-read); a change data feed: the
-    rewrite writes the changes; the others: MERGE, with a warning naming the feature once."""
+    rewrite writes the changes; column mapping: the rewrite reads and writes physical names;
+    the others (rows committed unchecked here): MERGE, with a warning naming the feature once."""
     uri = str(tmp_path / "t")
     FEATURES[feature](uri)
     assert merge_only_reason(DeltaTable(uri)).startswith(feature)
-    update_mode = {"deletion vectors": "merge-on-read", "change data feed": "rewrite"}.get(feature, "merge")
+    update_mode = {"deletion vectors": "merge-on-read", "change data feed": "rewrite",
+                   "column mapping": "rewrite"}.get(feature, "merge")
     target = DeltaTarget(uri, ["dt"])
     target.open_or_create(ARROW, None)
 
@@ -88,3 +90,25 @@ def test_check_constraints_read_as_spark_sql_whoever_wrote_them(tmp_path):
     assert check_constraints(DeltaTable(uri)) == {"known_user": "`userId` > 0"}
     create(str(tmp_path / "plain"))
     assert check_constraints(DeltaTable(str(tmp_path / "plain"))) == {}
+
+
+ROW_CHECKED = {"CHECK constraints": {"CHECK constraint ts_positive": "ts >= 0"},
+               "column invariants": {"invariant on column g": "g >= 0"},
+               "generated columns": {"generated column g": "`g` <=> (ts * 2)"}}
+
+
+@pytest.mark.parametrize("feature", list(ROW_CHECKED))
+def test_what_every_row_must_meet_is_checked_by_the_sink_where_rows_are_its_records(tmp_path, feature):
+    """The batch checks its records against the table's row checks (sink.batch.checks): where
+    every written row is a record, those features need no MERGE."""
+    uri = str(tmp_path / "t")
+    FEATURES[feature](uri)
+    assert row_checks(DeltaTable(uri)) == ROW_CHECKED[feature]
+    modes = []
+    for checks_rows in (False, True):
+        target = DeltaTarget(uri, ["dt"], checks_rows=checks_rows)
+        target.open_or_create(ARROW, None)
+        modes.append(target.update_mode())
+    assert modes == ["merge", "rewrite"]
+    create(str(tmp_path / "plain"))
+    assert row_checks(DeltaTable(str(tmp_path / "plain"))) == {}

@@ -4,20 +4,30 @@ the table as the oracle has it after every batch."""
 
 import json
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError
+from pyspark.sql import functions as F
 
-from sink import SinkConfig, UpsertSink
+from sink import ConstraintViolationError, SinkConfig, UpsertSink
 from sink.lakehouse import log_commit
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import DeltaTarget
 from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.writes import commit_properties
-from tests.lakehouse.spark_sql_tables import create, spark_rows
-from tests.oracle import SCHEMA, expected_global_rows, expected_rows, random_batches, random_global_batches
+from tests.lakehouse.spark_sql_tables import (
+    COLUMNS,
+    FEATURE_RICH_CONSTRAINT,
+    FEATURE_RICH_REASON,
+    amount_of,
+    create,
+    spark_rows,
+)
+from tests.oracle import SCHEMA, Event, expected_global_rows, expected_rows, random_batches, random_global_batches
 
 pytestmark = pytest.mark.spark
 
@@ -25,10 +35,10 @@ pytestmark = pytest.mark.spark
 DV_TABLE = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.checkpointInterval' = '4')"
 
 
-def config(tmp_path, uri: str, tag_on: str) -> SinkConfig:
+def config(tmp_path, uri: str, tag_on: str, **extra) -> SinkConfig:
     return SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
                       writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, tag_on=tag_on,
-                      engine="deltalake")
+                      engine="deltalake", **extra)
 
 
 def two_batches_in(spark, tmp_path, seed: int):
@@ -52,6 +62,7 @@ def log_actions(uri: str, version: int) -> list[dict]:
     return [json.loads(line) for line in (Path(uri) / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
 
 
+@pytest.mark.connect(tag_on="executors")  # the writing tasks in a Connect server's executors
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 def test_a_stream_on_a_deletion_vector_table_marks_rows_and_reads_as_the_oracle(spark, tmp_path, tag_on):
     uri = str(tmp_path / "table")
@@ -210,3 +221,97 @@ def test_a_global_scope_stream_on_a_deletion_vector_table_moves_keys_between_par
         sink(spark.createDataFrame(events, SCHEMA), b)
         assert spark_rows(spark, uri) == expected_global_rows(batches[: b + 1]), f"after batch {b}"
     assert "merge-on-read" in [r.mode for r in sink.reports]
+
+
+GENERATED_REASON = "generated column g (`g` <=> (upper(v))) violated"
+
+
+def breaks_generated(e: Event) -> bool:
+    """One upsert in seven carries a generated value other than its expression's (`checked_events`)."""
+    return e.ts % 7 == 0 and (e.v or "").lower() != (e.v or "").upper()
+
+
+def checked_events(spark, events: list[Event]):
+    rows = [(*e, amount_of(e)) for e in events]
+    return spark.createDataFrame(rows, SCHEMA + ", amount long").selectExpr(
+        "*", "CASE WHEN ts % 7 = 0 THEN lower(v) ELSE upper(v) END AS g")
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_records_breaking_a_constraint_or_a_generated_column_never_reach_a_deletion_vector_table(
+        spark, tmp_path, tag_on):
+    """A CHECK constraint and a generated column, which Delta checks on every row written: the
+    sink checks the records before marking and writing (no MERGE), sets the breaking ones aside
+    naming what they break, and under check_constraints = "fail" refuses the batch, nothing
+    committed."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=COLUMNS + ", amount BIGINT, g STRING GENERATED ALWAYS AS (upper(v))",
+           properties=DV_TABLE, constraint=FEATURE_RICH_CONSTRAINT)
+    batches = random_batches(64, batches=4, per_batch=200, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, tag_on))
+    written = [[e for e in events if e.op == "d" or (amount_of(e) >= 0 and not breaks_generated(e))]
+               for events in batches]
+    for b, events in enumerate(batches):
+        sink(checked_events(spark, events), b)
+        assert spark_rows(spark, uri) == expected_rows(written[: b + 1]), f"after batch {b}"
+    assert [r.mode for r in sink.reports] == ["append", *["merge-on-read"] * 3]
+    table = spark.read.format("delta").load(uri)
+    assert table.where("g IS DISTINCT FROM upper(v) OR amount < 0").count() == 0
+    quarantined = DeltaTable(f"{uri}_quarantine").to_pyarrow_table(columns=["_quarantine_reason"])
+    reasons = quarantined.column("_quarantine_reason").to_pylist()
+    upserts = [e for events in batches for e in events if e.op != "d"]
+    assert reasons.count(FEATURE_RICH_REASON) == sum(amount_of(e) < 0 for e in upserts) > 0
+    assert reasons.count(GENERATED_REASON) == sum(amount_of(e) >= 0 and breaks_generated(e) for e in upserts) > 0
+    sink.close()
+    failing = UpsertSink(config(tmp_path, uri, tag_on, check_constraints="fail"))
+    version = DeltaTable(uri).version()
+    bad = Event("neg", "2025-01-01", 99, "u", "P")  # amount_of: -10
+    with pytest.raises(ConstraintViolationError, match=r"key \{'id': 'neg'\} breaks .*CHECK constraint "
+                                                        r"amount_not_negative \(amount >= 0\) violated"):
+        failing(checked_events(spark, [Event("ok", "2025-01-02", 97, "u", "y"), bad]), 4)
+    assert DeltaTable(uri).version() == version
+    failing(checked_events(spark, [Event("ok", "2025-01-02", 97, "u", "y")]), 4)
+    assert failing.reports[-1].mode == "append"
+    assert spark_rows(spark, uri) == expected_rows([*written, [Event("ok", "2025-01-02", 97, "u", "y")]])
+    failing.close()
+
+
+def parquet_columns(uri: str, version: int) -> list[pa.Schema]:
+    """The schemas of the data and change files a version added."""
+    return [pq.read_schema(Path(uri) / unquote(a[kind]["path"])) for a in log_actions(uri, version)
+            for kind in ("add", "cdc") if kind in a and "deletionVector" not in a[kind]]
+
+
+@pytest.mark.parametrize("mode, tag_on", [("name", "executors"), ("id", "driver")])
+def test_a_column_mapped_table_is_marked_and_written_under_physical_names_through_a_rename(
+        spark, tmp_path, mode, tag_on):
+    """Column mapping: stored files are read and new ones written under the columns' physical
+    names (by field id in id mode), so a column renamed between batches keeps its values in the
+    files written before; Spark reads the table and each batch's change feed as the oracle's."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=f"TBLPROPERTIES ('delta.columnMapping.mode' = '{mode}', "
+                                  "'delta.enableDeletionVectors' = 'true', 'delta.enableChangeDataFeed' = 'true')")
+    batches = random_batches(65, batches=4, per_batch=200, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, tag_on))
+    for b, events in enumerate(batches):
+        if b == 2:
+            spark.sql(f"ALTER TABLE delta.`{uri}` RENAME COLUMN v TO value")
+        value = "value" if b >= 2 else "v"
+        sink(spark.createDataFrame(events, SCHEMA).withColumnRenamed("v", value), b)
+        table = spark.read.format("delta").load(uri).select("id", "dt", "ts", "op", F.col(value).alias("v"))
+        got = sorted((r.asDict() for r in table.collect()), key=lambda r: (r["dt"], r["id"]))
+        assert got == expected_rows(batches[: b + 1]), f"after batch {b}"
+        version = sink.reports[-1].table_version
+        feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)
+                .option("endingVersion", version).load(uri).collect())
+        changes = sorted((r["_change_type"], r["id"], r["dt"], r["ts"], r["op"], r[value]) for r in feed)
+        assert changes == oracle_changes(expected_rows(batches[:b]), expected_rows(batches[: b + 1])), f"batch {b}"
+    assert [r.mode for r in sink.reports] == ["append", *["merge-on-read"] * 3]
+    physical = {f["name"]: f["metadata"] for f in json.loads(DeltaTable(uri).schema().to_json())["fields"]}
+    for report in sink.reports[1:]:
+        for schema in parquet_columns(uri, report.table_version):
+            data = [f for f in schema if f.name != "_change_type"]
+            assert {f.name for f in data} == {physical[c]["delta.columnMapping.physicalName"]
+                                              for c in ("id", "ts", "op", "value")}
+            assert {int(f.metadata[b"PARQUET:field_id"]) for f in data} == {
+                physical[c]["delta.columnMapping.id"] for c in ("id", "ts", "op", "value")}

@@ -20,13 +20,17 @@ def config(tmp_path, uri: str) -> SinkConfig:
 
 
 # Deletion vectors: marked by the sink's merge-on-read commit; a change data feed: files
-# rewritten, their changes written (the sink's log commit); the others: delta-rs' MERGE.
+# rewritten, their changes written; column mapping: files read and written under physical
+# names (all three the sink's log commit); a CHECK constraint: checked on the records.
 @pytest.mark.parametrize("properties, constraint, update_mode", [
     ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')", "", "merge-on-read"),
     ("TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", "", "rewrite"),
-    ("TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "", "merge"),
-    ("", "ts_not_negative CHECK (ts >= 0)", "merge"),
-], ids=["deletion vectors", "change data feed", "column mapping", "CHECK constraint"])
+    ("TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "", "rewrite"),
+    ("TBLPROPERTIES ('delta.columnMapping.mode' = 'id', 'delta.enableDeletionVectors' = 'true', "
+     "'delta.enableChangeDataFeed' = 'true')", "", "merge-on-read"),
+    ("", "ts_not_negative CHECK (ts >= 0)", "rewrite"),
+], ids=["deletion vectors", "change data feed", "column mapping", "column mapping by id, deletion vectors, feed",
+        "CHECK constraint"])
 def test_a_table_spark_created_with_a_feature_delta_rs_honours_is_written_exactly(spark, tmp_path, properties,
                                                                                    constraint, update_mode):
     uri = str(tmp_path / "table")
