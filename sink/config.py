@@ -60,8 +60,9 @@ class SinkConfig:
     `CHECK constraint <name> (<expression>) violated` (`invariant on column <c>`, `generated
     column <c>`) before anything is written; `"fail"` refuses the batch with a
     `ConstraintViolationError` naming the check and a key, nothing written (Spark replays it);
-    under `ignore_null_updates` or `scd_type = 2`, `"fail"` leaves the check to the engine's
-    MERGE, whose commit fails with Delta's error."""
+    on a table whose updates go through MERGE (and under `ignore_null_updates` or `scd_type =
+    2`, which MERGE), `"fail"` leaves the check to the engine, whose commit fails with Delta's
+    error."""
     corrupt_record_column: str = "_corrupt_record"
     """Spark's corrupt-record column (the reader's `columnNameOfCorruptRecord`): when the stream has
     it, records where it is set (a value that did not parse as its type, which PERMISSIVE reading

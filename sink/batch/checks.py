@@ -54,7 +54,7 @@ class Checks:
         state.added = self.added_columns(batch_df)
         if cfg.check_constraints == "quarantine":
             state.constraints = self._constraints(batch_df)
-        elif cfg.writes_records_as_rows:
+        elif cfg.writes_records_as_rows and self._target.update_mode() != "merge":
             self._refuse_breaking(state)
         state.committed = self._target.transaction_version(self._writer_id)
         if state.added:
@@ -96,10 +96,11 @@ class Checks:
         return checks
 
     def _refuse_breaking(self, state: BatchState) -> None:
-        """check_constraints = "fail": ConstraintViolationError, naming the check and a key, when
-        an upsert breaks one of the table's row checks. Before anything is written, because the
-        commit may be one that checks nothing (the sink's rewrite, its log commit). One Spark
-        job a batch, on tables with row checks."""
+        """check_constraints = "fail", on a table whose updates the sink commits itself:
+        ConstraintViolationError, naming the check and a key, when an upsert breaks one of the
+        table's row checks. Before anything is written, because the rewrite and the log commit
+        check nothing (a MERGE does: its tables are left to it). One Spark job a batch, on
+        tables with row checks."""
         cfg = self._config
         checks = row_checks(self._target.table)
         if not checks:
