@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 from deltalake import DeltaTable
 
-MODE = "delta.columnMapping.mode"
+from sink.lakehouse.features import COLUMN_MAPPING
+
 _PHYSICAL_NAME = "delta.columnMapping.physicalName"
 _ID = "delta.columnMapping.id"
 FIELD_ID = b"PARQUET:field_id"
@@ -68,7 +69,7 @@ class ColumnMapping:
 
 
 def mode_of(table: DeltaTable) -> str:
-    return (table.metadata().configuration.get(MODE) or "none").lower()
+    return (table.metadata().configuration.get(COLUMN_MAPPING) or "none").lower()
 
 
 def writable(table: DeltaTable) -> bool:
