@@ -44,11 +44,12 @@ class Checks:
         """Open (or create) the table at its latest version and check the batch against it;
         sets the batch's hidden ordering copies, its added columns and the writer's last batch."""
         cfg = self._config
-        self._target.refresh_if_open()  # the stream is checked against the schema as it is now
+        # The latest version, before the stream is checked against its schema; a table opened
+        # or created below is read at its latest.
+        self._target.refresh_if_open()
         self.validate(state.batch_df)
         state.batch_df = batch_df = with_hidden_ordering(state.batch_df, self._stream_config)
         self._target.open_or_create(self.stored_schema(batch_df), self.contract)
-        self._target.refresh()
         self._target.check_writable()
         self._check_contract()
         state.added = self.added_columns(batch_df)
