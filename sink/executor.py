@@ -179,7 +179,7 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource,
             return changelog.read(ctx.changelog_uri, read_version, header, shard)
     report = catch_up(
         replica, ctx.table_version,
-        lambda v: read_commit(ctx.table.table_uri, v, list(ctx.table.partition_by)),
+        lambda v: read_commit(ctx.table.table_uri, v, list(ctx.table.partition_by), ctx.partition_log_keys),
         ctx.writer_id, shard, own_changes, ctx.num_shards,
     )
     stats.commits_read += report.commits_read

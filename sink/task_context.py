@@ -52,6 +52,9 @@ class TaskContext:
     # The sink object this batch is of: the tables a process keeps open serve only it ("":
     # nothing kept open; sink.lakehouse.open_tables).
     sink_instance: str = ""
+    # The names the log's partition values go by (physical ones under column mapping), for
+    # reading other writers' commits; None: the partition columns' own.
+    partition_log_keys: tuple[str, ...] | None = None
 
     @property
     def ignore_null_updates(self) -> bool:

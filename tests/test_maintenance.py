@@ -1,5 +1,6 @@
-"""The maintenance matrix: what an operator runs on a table Spark SQL created, between the
-sink's batches and during them, under both Delta engines and both tagging paths.
+"""The maintenance matrix: what an operator runs on a table Spark SQL created (a plain one, and
+one with column mapping and a CHECK constraint), between the sink's batches and during them,
+under both Delta engines and both tagging paths.
 
 Four sinks write one table (deltalake and delta-spark, each tagging on the driver and on the
 executors): the deltalake sinks a batch after every operation, the delta-spark ones in turn a
@@ -142,10 +143,20 @@ def vacuum_allowed(spark):
     spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
 
 
+# The tables the matrix runs on: a plain one, and one whose files the sink writes under physical
+# column names, checking a CHECK constraint on every record (no MERGE either way).
+TABLES = {
+    "plain": {},
+    "column-mapped-with-a-check": {"properties": "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')",
+                                   "constraint": "v_present CHECK (v IS NOT NULL)"},
+}
+
+
+@pytest.mark.parametrize("table", TABLES)
 def test_maintenance_between_and_during_batches_under_both_engines_and_tagging_paths(spark, tmp_path,
-                                                                                        vacuum_allowed):
+                                                                                        vacuum_allowed, table):
     m = Matrix(spark, tmp_path)
-    create(spark, m.uri)
+    create(spark, m.uri, **TABLES[table])
     m.check("created")
     m.round(0)
 

@@ -35,6 +35,7 @@ from sink import columns as C
 from sink.config import SinkConfig
 from sink.errors import OtherWriterCommitError
 from sink.index.loader import OTHER_WRITERS, TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, plain
+from sink.lakehouse.column_mapping import log_keys
 from sink.lakehouse.delta_rs import append_once, rows_in
 from sink.lakehouse.log import OTHER_WRITERS_SEEN_PROPERTY, RESTORE, CommitSummary, read_commit
 from sink.lakehouse.predicates import quote_ident
@@ -133,21 +134,22 @@ class OtherWriters:
         self._config = config
         self._writer_id = writer_id
         self.seen: int | None = None  # the version followed up to (None: not yet read)
+        self._log_keys: tuple[str, ...] | None = None  # the log's partition value names (column mapping)
 
     def follow(self, table: DeltaTable) -> int:
         """Record what the commits up to `table`'s loaded version changed; returns that version.
         OtherWriterCommitError, before anything of a batch is written, for a commit the index
         cannot follow exactly."""
         version = table.version()
+        self._log_keys = log_keys(table, self._config.partition_by)
         if self.seen is None:
             self.seen = self._start(table)
-        uri, partition_by = self._config.table_uri, list(self._config.partition_by)
         for v in range(self.seen + 1, version + 1):
-            commit = read_commit(uri, v, partition_by)
+            commit = self._read_commit(v)
             if commit is None:
                 raise OtherWriterCommitError(
-                    f"version {v} of {uri} is no longer in the log (cleaned up before the sink read it): the sink "
-                    "cannot tell what another writer deleted there. Record the table as it is with "
+                    f"version {v} of {self._config.table_uri} is no longer in the log (cleaned up before the sink "
+                    "read it): the sink cannot tell what another writer deleted there. Record the table as it is with "
                     "`python -m sink other-writers --config <file> --accept-unread`, then start the stream again")
             if commit.by_sink or not commit.changes_data:
                 continue
@@ -166,7 +168,7 @@ class OtherWriters:
         version, uri = table.version(), self._config.table_uri
         marker = self._recorded()
         for v in range(version, -1 if marker is None else marker, -1):
-            commit = read_commit(uri, v, list(self._config.partition_by))
+            commit = self._read_commit(v)
             if commit is None:
                 if marker is None and table.transaction_version(self._writer_id) is None:
                     break  # never written by this writer: the table as found
@@ -205,6 +207,9 @@ class OtherWriters:
         uri = self._config.resolved_tombstone_uri
         return DeltaTable(uri).transaction_version(OTHER_WRITERS_APP) if DeltaTable.is_deltatable(uri) else None
 
+    def _read_commit(self, version: int) -> CommitSummary | None:
+        return read_commit(self._config.table_uri, version, list(self._config.partition_by), self._log_keys)
+
     def _remember_deletes(self, commit: CommitSummary) -> None:
         cfg = self._config
         if cfg.scd_type == 2:
@@ -239,7 +244,7 @@ class OtherWriters:
     def _undo(self, commit: CommitSummary) -> None:
         cfg = self._config
         restored = self._restored_version(commit)
-        read = [read_commit(cfg.table_uri, v, list(cfg.partition_by)) for v in range(restored + 1, commit.version)]
+        read = [self._read_commit(v) for v in range(restored + 1, commit.version)]
         gone = [restored + 1 + i for i, c in enumerate(read) if c is None]
         if gone:
             raise OtherWriterCommitError(

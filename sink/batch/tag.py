@@ -81,7 +81,7 @@ class TagPhase:
             keep_open=self.tagger.on_driver,
             changelog_uri=self.tagger.changelog_uri, file_order=state.files,
             write_files=self.tagger.writes_files(target), merge_source=self.tagger.leaves_writes_on_executors(target),
-            sink_instance=self._instance,
+            sink_instance=self._instance, partition_log_keys=target.partition_log_keys(),
         )
 
 

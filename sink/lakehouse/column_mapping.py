@@ -68,6 +68,13 @@ class ColumnMapping:
         return [self.physical[c] for c in names]
 
 
+def log_keys(table: DeltaTable, partition_by: Sequence[str]) -> tuple[str, ...]:
+    """The names the log's partition values go by: under column mapping the physical ones
+    (sink.lakehouse.log.read_commit)."""
+    mapping = ColumnMapping.of(table)
+    return tuple(partition_by) if mapping is None else tuple(mapping.physical_names(partition_by))
+
+
 def mode_of(table: DeltaTable) -> str:
     return (table.metadata().configuration.get(COLUMN_MAPPING) or "none").lower()
 

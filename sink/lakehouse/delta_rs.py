@@ -16,7 +16,7 @@ from deltalake.exceptions import CommitFailedError
 
 from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse import append, log_commit, merge, merge_task, open_tables, rewrite, versions
-from sink.lakehouse.column_mapping import ColumnMapping, writable
+from sink.lakehouse.column_mapping import ColumnMapping, log_keys, writable
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import (
     COLUMN_MAPPING,
@@ -373,6 +373,9 @@ class DeltaTarget:
     def column_mapping(self) -> ColumnMapping | None:
         return ColumnMapping.of(self.table)
 
+    def partition_log_keys(self) -> tuple[str, ...]:
+        return log_keys(self.table, self.partition_by)
+
     def history_update_mode(self) -> str:
         """How a history table's rebuilt versions commit: as updates do, but through MERGE on a
         table with a change data feed (the rebuild writes no change files)."""
@@ -381,7 +384,7 @@ class DeltaTarget:
     def commits_since(self, version: int) -> list[CommitSummary]:
         """The commits after `version` up to the loaded one (a gone log entry reads as a
         commit that may have changed anything)."""
-        return [read_commit(self.uri, v, self.partition_by) or CommitSummary(v, {}, None, {})
+        return [read_commit(self.uri, v, self.partition_by, self.partition_log_keys()) or CommitSummary(v, {}, None, {})
                 for v in range(version + 1, self.version() + 1)]
 
     def _landed(self, app_id: str, batch_id: int, after: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,15 +103,18 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
 
 
-def read_commit(table_uri: str, version: int, partition_cols: list[str]) -> CommitSummary | None:
-    """Summary of commit `version`, or None when its log file is no longer there."""
+def read_commit(table_uri: str, version: int, partition_cols: list[str],
+                log_keys: Sequence[str] | None = None) -> CommitSummary | None:
+    """Summary of commit `version`, or None when its log file is no longer there. `log_keys`:
+    the names the log's partition values go by, one per partition column (under column
+    mapping their physical names: `ColumnMapping.log_keys`); by default the columns' own."""
     fs, path = filesystem(log_file(table_uri, version))
     try:
         with fs.open_input_stream(path) as f:
             text = f.read().decode()
     except FileNotFoundError:
         return None
-    return parse_commit(version, text, partition_cols)
+    return parse_commit(version, text, partition_cols, log_keys)
 
 
 def recorded_num_shards(table_uri: str, version: int, writer_id: str, partition_cols: list[str],
@@ -145,7 +148,9 @@ def _with_user_metadata(info: dict[str, Any]) -> dict[str, Any]:
     return {**info, **recorded}
 
 
-def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSummary:
+def parse_commit(version: int, text: str, partition_cols: list[str],
+                 log_keys: Sequence[str] | None = None) -> CommitSummary:
+    log_keys = list(partition_cols) if log_keys is None else list(log_keys)
     apps: dict[str, int] = {}
     touched: set[str] | None = set()
     info: dict[str, Any] = {}
@@ -165,12 +170,13 @@ def parse_commit(version: int, text: str, partition_cols: list[str]) -> CommitSu
             file_action = action.get("add") or action.get("remove")
             if not file_action.get("dataChange", True):
                 continue  # compaction rewrites rows without changing them
-            values = file_action.get("partitionValues")
-            if values is None and partition_cols:
+            values = file_action.get("partitionValues") or {}
+            if any(k not in values for k in log_keys):
+                # Partition values under other names (a column mapping the caller did not
+                # pass, say): which partitions changed is unknown, so trust nothing.
                 touched = None
                 continue
-            values = values or {}
-            touched.add(keys.partition_id(partition_cols, [values.get(c) for c in partition_cols]))
+            touched.add(keys.partition_id(partition_cols, [values.get(k) for k in log_keys]))
     if metadata_changed:
         touched = None  # partitioning changed: trust nothing
     return CommitSummary(

@@ -31,6 +31,7 @@ from sink.index.loader import read_global, read_partition
 from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.keys import describe_key
+from sink.lakehouse.column_mapping import log_keys
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
 from sink.lakehouse.schema import plain_layouts
@@ -190,6 +191,7 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
     version = OtherWriters(cfg, cfg.resolved_writer_id).follow(ctx.table)
     spec = replica_spec(cfg.key, cfg.partition_by, cfg.ordering, cfg.scope)
     results = []
+    named = log_keys(ctx.table, cfg.partition_by)  # the log's names of the partition columns
     for shard in range(num_shards):
         path = replica_path(ctx.index_root, ctx.table.metadata().id, shard, num_shards)
         with ShardReplica.open(path, spec) as replica:
@@ -200,7 +202,7 @@ def prewarm(ctx: Context, num_shards: int, now: float) -> list[dict]:
                 header = changelog.Header(ctx.table.metadata().id, cfg.resolved_writer_id, batch, num_shards, spec)
                 return changelog.read(cfg.resolved_changelog_uri, v, header, shard)
 
-            report = catch_up(replica, version, lambda v: read_commit(cfg.table_uri, v, cfg.partition_by),
+            report = catch_up(replica, version, lambda v: read_commit(cfg.table_uri, v, cfg.partition_by, named),
                               cfg.resolved_writer_id, shard, read_changelog=own_changes, num_shards=num_shards)
             if report.rebuilt is None:
                 print(f"shard {shard}: warm at version {version}, {len(replica.partitions())} partitions held",
