@@ -134,11 +134,11 @@ class SinkConfig:
     under a local master (`local`, `local[N]`), else the executors."""
     engine: str = "auto"
     """The Delta engine: `"deltalake"` (delta-rs alone); `"delta-spark"`: Delta's Spark engine
-    commits where delta-rs cannot write (row tracking, identity columns) and where files must
-    not be rewritten (column mapping: its MERGE), delta-rs the
-    rest (needs Delta's extension in the session); `"auto"`: delta-rs, and Delta's Spark engine
-    for the tables delta-rs cannot write when the session has Delta's extension (delta-rs' MERGE
-    is the faster one: docs, Delta's Spark engine)."""
+    commits where neither delta-rs nor the sink's own commit can (row tracking; identity
+    columns of history tables; column mapping over a nested column; `commit_mode = "merge"`:
+    its MERGE), delta-rs and the sink's commit the rest (needs Delta's extension in the
+    session); `"auto"`: the same, but delta-rs' MERGE where a MERGE is needed and the table
+    allows it (the faster one: docs, Delta's Spark engine)."""
     metrics_port: int = 9466
     """Prometheus endpoint on the driver; 0 = off."""
     ties: str = "incoming"

@@ -22,12 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
+from pyspark import TaskContext
 
 from sink import columns as C
 from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse import versions
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
+from sink.lakehouse.identity import IdentityColumn, IdentityValues
 from sink.lakehouse.rewrite import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, rewrite_files
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging import TOMBSTONE
@@ -62,6 +64,10 @@ class WriteContext:
     merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.rewrite)
     change_data: bool = False  # the table has a change data feed: its files are written too
     column_mapping: ColumnMapping | None = None  # the table's: its files' column names
+    # The identity columns whose values new rows get, drawn by each of the `tasks` writing
+    # tasks from its own share (sink.lakehouse.identity).
+    identity: tuple[IdentityColumn, ...] = ()
+    tasks: int = 1
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -85,13 +91,17 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
         yield _write_histories(ctx, rows, started)
         return
     columns = [*C.stream_columns(rows.column_names), WRITE_COLUMN, *([PARTIAL_COLUMN] if ctx.partial else [])]
+    identity = None
+    if ctx.identity:
+        identity = IdentityValues(ctx.identity, stride=ctx.tasks, offset=TaskContext.get().partitionId())
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
-                    ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data, ctx.column_mapping)
+                    ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data, ctx.column_mapping, identity)
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
     yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),
                                                   "unchanged": rewrite.unchanged,
-                                                  "seconds": time.perf_counter() - started})
+                                                  "seconds": time.perf_counter() - started,
+                                                  "identity": rewrite.identity_highs})
 
 
 def _write_histories(ctx: WriteContext, events: pa.Table, started: float) -> pa.RecordBatch:
@@ -121,6 +131,7 @@ class Written:
 def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
     adds, removes, marked, changes, rows, changed, unchanged, seconds, history = [], [], [], [], 0, 0, 0, 0.0, None
+    identity_highs = []
     for action in map(json.loads, texts):
         if "add" in action:
             a = action["add"]
@@ -141,9 +152,10 @@ def read_written(texts: list[str]) -> Written:
             changed += task["partitions_changed"]
             unchanged += task["unchanged"]
             seconds += task["seconds"]
+            identity_highs += task.get("identity", [])
             if "history" in task:
                 history = _summed(history or {}, task["history"])
-    return Written(Rewrite(adds, removes, unchanged, marked, changes), rows, changed, seconds, history)
+    return Written(Rewrite(adds, removes, unchanged, marked, changes, identity_highs), rows, changed, seconds, history)
 
 
 def _summed(total: dict, more: dict) -> dict:

@@ -23,6 +23,7 @@ from sink.lakehouse.features import (
     ENABLE_CHANGE_DATA_FEED,
     ENABLE_DELETION_VECTORS,
     GENERATION_EXPRESSION,
+    IDENTITY_COLUMNS,
     ROW_CHECKS,
     change_data_feed,
     merge_only_reason,
@@ -31,6 +32,7 @@ from sink.lakehouse.features import (
     unwritable_reason,
     writes_deletion_vectors,
 )
+from sink.lakehouse.identity import IdentityColumn, IdentityValues
 from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.log import CommitSummary, filesystem, read_commit
 from sink.lakehouse.merge_clauses import UpsertSpec, upsert_clauses
@@ -220,16 +222,17 @@ class DeltaTarget:
         updating = changing(rows)
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
+        identity = self.written_identity()
         writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
                         props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed(),
-                        column_mapping=self.column_mapping())
-        if mode == "append":
+                        column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None)
+        if mode == "append" and not identity:
             append.commit(self.table, writes, evolve=bool(added_columns))
             self.refresh()
             return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
         self._add_columns(added_columns, before)
-        if mode in ("rewrite", MERGE_ON_READ):
+        if mode in ("append", "rewrite", MERGE_ON_READ):  # an append that generates identity values too
             unchanged = rewrite.commit(self.table, self.uri, writes, self.stored_files()).unchanged
         else:
             unchanged = merge.commit(self.table, writes, partitions)
@@ -335,7 +338,11 @@ class DeltaTarget:
         self.refresh()
         recorded = self.transaction_version(app_id)
         if recorded is None or recorded < batch_id:
-            write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
+            if self.written_identity():  # a table delta-rs does not write
+                log_commit.commit(self.table, self.uri, [], props, operation="WRITE", parameters={"mode": "Append"},
+                                  metrics={})
+            else:
+                write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
             self.refresh()
 
     def update_mode(self) -> str:
@@ -352,7 +359,8 @@ class DeltaTarget:
         # the sink's own log commit writes them.
         vectors = writes_deletion_vectors(self.table)
         logged = (*(LOG_COMMIT_FEATURES if vectors else (ENABLE_CHANGE_DATA_FEED,)),
-                  *((COLUMN_MAPPING,) if writable(self.table) else ()))
+                  *((COLUMN_MAPPING,) if writable(self.table) else ()),
+                  *((IDENTITY_COLUMNS,) if self._generates_identity() else ()))
         reason = self._merge_only_reason(honoured=(*checked, *logged))
         unsupported = log_commit.unsupported_feature(self.table)
         if reason is None and unsupported is None:
@@ -372,6 +380,16 @@ class DeltaTarget:
 
     def column_mapping(self) -> ColumnMapping | None:
         return ColumnMapping.of(self.table)
+
+    def _generates_identity(self) -> bool:
+        """The sink's own commits may generate this table's identity values (delta-rs'
+        cannot: under engine = "deltalake" such a table is refused, `check_writable`)."""
+        return False
+
+    def written_identity(self) -> tuple[IdentityColumn, ...]:
+        """The identity columns whose values the sink's commits of this batch generate (none:
+        the table has none, or Spark writes it)."""
+        return ()
 
     def partition_log_keys(self) -> tuple[str, ...]:
         return log_keys(self.table, self.partition_by)

@@ -10,8 +10,9 @@ Paths, per batch, by what the table allows (`update_mode`):
   columns the batch does not check: `checks_rows`), or under `commit_mode = "merge"`: Spark's
   `MERGE INTO`,
   pruned by the partitions the index located as literals in `ON`;
-- any write to a table delta-rs cannot write at all (row tracking, identity columns,
-  domain metadata): Spark's append or MERGE.
+- any write to a table delta-rs cannot write at all (row tracking, domain metadata; identity
+  columns where the sink's commits do not generate them, `written_identity`): Spark's append
+  or MERGE.
 
 Spark's commits carry the app transaction through the session confs
 `spark.databricks.delta.write.txnAppId`/`txnVersion` (Delta reads no writer option for
@@ -38,7 +39,8 @@ from sink.errors import ConfigError, UnrecordedCommitError
 from sink.lakehouse import versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
-from sink.lakehouse.features import identity_columns, merge_only_reason, unwritable_reason
+from sink.lakehouse.features import IDENTITY_COLUMNS, identity_columns, merge_only_reason, unwritable_reason
+from sink.lakehouse.identity import IdentityColumn
 from sink.lakehouse.log import commit_record
 from sink.lakehouse.merge_clauses import (
     MergeClauses,
@@ -71,10 +73,13 @@ class DeltaSparkTarget(DeltaTarget):
 
     def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
                  allow_protocol_upgrade: bool = False, checks_rows: bool = False,
-                 spark_writes: SparkWrites = "merges"):
+                 spark_writes: SparkWrites = "merges", generates_identity: bool = False):
+        """`generates_identity`: the sink's own commits may write a table with identity columns
+        (its batches' rows are the records: not a history table's)."""
         super().__init__(uri, partition_by, commit_mode, allow_protocol_upgrade=allow_protocol_upgrade,
                          checks_rows=checks_rows)
         self._spark_writes = spark_writes
+        self._generate_identity = generates_identity
         self._spark: SparkSession | None = None  # None: delta-rs writes all (auto, no Delta in the session)
 
     def attach(self, spark: SparkSession) -> None:
@@ -104,15 +109,31 @@ class DeltaSparkTarget(DeltaTarget):
         return identity_columns(self._read()) if self._spark is not None else []
 
     def _spark_writes_all(self) -> bool:
-        """Spark makes every commit of this table: delta-rs cannot write it."""
+        """Spark makes every commit of this table: delta-rs cannot write it, nor the sink's own
+        commits (which generate identity values, `written_identity`)."""
+        return self._spark_alters() and not self.written_identity()
+
+    def _spark_alters(self) -> bool:
+        """Spark changes this table's metadata (columns, properties): delta-rs cannot write it."""
         return self._spark is not None and unwritable_reason(self.table) is not None
+
+    def _generates_identity(self) -> bool:
+        return self._generate_identity and self._spark is not None
+
+    def written_identity(self) -> tuple[IdentityColumn, ...]:
+        """A table whose only feature delta-rs cannot write is identity columns: the sink's
+        commits generate their values wherever they commit the updates themselves."""
+        if not self._generates_identity() or unwritable_reason(self.table, honoured=(IDENTITY_COLUMNS,)):
+            return ()
+        columns = IdentityColumn.of(self.table)
+        return columns if columns and self.update_mode() != "merge" else ()
 
     def _spark_merges(self) -> bool:
         """This table's updates commit through Spark's MERGE."""
         return self._spark_writes_all() or (self._spark_writes == "merges" and self.update_mode() == "merge")
 
     def record_contract(self, contract: Contract) -> None:
-        if not self._spark_writes_all():
+        if not self._spark_alters():
             super().record_contract(contract)
             return
         properties = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in contract.properties().items())
@@ -120,7 +141,7 @@ class DeltaSparkTarget(DeltaTarget):
         self.refresh()
 
     def _merge_only_reason(self, *, honoured: Collection[str] = ()) -> str | None:
-        return ((self._spark is not None and unwritable_reason(self.table))
+        return ((self._spark is not None and unwritable_reason(self.table, honoured=honoured))
                 or merge_only_reason(self.table, honoured=honoured))
 
     def merges_on_executors(self) -> bool:
@@ -217,7 +238,7 @@ class DeltaSparkTarget(DeltaTarget):
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         if not added_columns:
             return
-        if not self._spark_writes_all():
+        if not self._spark_alters():
             super()._add_columns(added_columns, before)
             return
         columns = ", ".join(f"{quote_ident(f.name)} {from_arrow_type(f.type).simpleString()}" for f in added_columns)

@@ -18,6 +18,7 @@ from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
 from sink.lakehouse.delta_spark import DeltaSparkTarget
+from sink.lakehouse.identity import IdentityColumn
 from sink.lakehouse.log import CommitSummary
 
 
@@ -83,6 +84,12 @@ class DeltaEngine(Protocol):
     def column_mapping(self) -> ColumnMapping | None:
         """The table's column mapping, under which a rewrite reads and writes its files."""
 
+    def written_identity(self) -> tuple[IdentityColumn, ...]:
+        """The identity columns whose values the sink's commits generate for new rows."""
+
+    def partition_log_keys(self) -> tuple[str, ...]:
+        """The names the log's partition values go by (physical ones under column mapping)."""
+
     def commits_since(self, version: int) -> list[CommitSummary]: ...
 
     def commit(self, rows: pa.Table, key_cols: Sequence[str], ordering: str | Sequence[str], app_id: str,
@@ -119,4 +126,5 @@ def delta_engine(config: SinkConfig) -> DeltaEngine:
     if config.engine == "deltalake":
         return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode, **options)
     return DeltaSparkTarget(config.table_uri, config.partition_by, config.commit_mode, **options,
-                            spark_writes="merges" if config.engine == "delta-spark" else "unwritable")
+                            spark_writes="merges" if config.engine == "delta-spark" else "unwritable",
+                            generates_identity=config.scd_type == 1)

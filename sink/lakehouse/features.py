@@ -43,6 +43,7 @@ _UNWRITABLE_FEATURES = {
     "domainMetadata": "domain metadata (delta-rs does not write it; row tracking and liquid clustering use it)",
     "identityColumns": "identity columns (delta-rs does not generate their values)",
 }
+IDENTITY_COLUMNS = "identityColumns"
 # An identity column on a protocol without a feature list (writer version 6).
 _IDENTITY_METADATA = "delta.identity."
 _OFF = ("false", "none", "")
@@ -60,7 +61,8 @@ def merge_only_reason(table: DeltaTable, *, honoured: Collection[str] = ()) -> s
     Reads the snapshot's protocol, properties and field metadata (no I/O): what is in use, not
     what the protocol merely allows (legacy protocols, writer versions 2-6, list no features).
     """
-    skipped = {{**_PROPERTIES, **_FIELD_METADATA}[p] for p in honoured}
+    reasons = {**_PROPERTIES, **_FIELD_METADATA}
+    skipped = {reasons[p] for p in honoured if p in reasons}
     return next((r for r in _reasons(table) if r not in skipped), None)
 
 
@@ -89,13 +91,14 @@ def unreadable_reason(table: DeltaTable) -> str | None:
     return next((r for r in _reasons(table) if r in _UNREADABLE), None)
 
 
-def unwritable_reason(table: DeltaTable) -> str | None:
+def unwritable_reason(table: DeltaTable, *, honoured: Collection[str] = ()) -> str | None:
     """Why delta-rs cannot write this table at all (the features Delta's Spark engine keeps),
-    or None when it can."""
+    or None when it can; `honoured`: those the caller writes itself (IDENTITY_COLUMNS: the
+    sink's log commit generates identity values)."""
     features = table.protocol().writer_features or ()
-    reason = next((r for f, r in _UNWRITABLE_FEATURES.items() if f in features), None)
-    if reason is None and identity_columns(table):
-        reason = _UNWRITABLE_FEATURES["identityColumns"]
+    reason = next((r for f, r in _UNWRITABLE_FEATURES.items() if f in features and f not in honoured), None)
+    if reason is None and IDENTITY_COLUMNS not in honoured and identity_columns(table):
+        reason = _UNWRITABLE_FEATURES[IDENTITY_COLUMNS]
     return reason
 
 

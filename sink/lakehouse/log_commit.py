@@ -26,14 +26,15 @@ from obstore.exceptions import AlreadyExistsError
 from obstore.store import LocalStore, from_url
 
 ENGINE_INFO = "delta-upsert-sink"
-# Features whose writer requirements the commit meets: the deletion vectors it writes; those
+# Features whose writer requirements the commit meets: the deletion vectors and identity
+# values (sink.lakehouse.identity) it writes; those
 # that ask nothing of this commit while unused (a table using one commits through a MERGE:
 # sink.lakehouse.features; a variant column, which delta-rs lists the feature for on any
 # property change, would fail the files' schema check); and those that constrain only readers
 # or VACUUM.
 SUPPORTED_FEATURES = frozenset({
     "deletionVectors", "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns",
-    "columnMapping", "timestampNtz", "variantType", "vacuumProtocolCheck",
+    "columnMapping", "timestampNtz", "variantType", "vacuumProtocolCheck", "identityColumns",
 })
 _DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs' default, as its own commits checkpoint
 
@@ -46,17 +47,18 @@ def unsupported_feature(table: DeltaTable) -> str | None:
 
 
 def commit(table: DeltaTable, uri: str, actions: Sequence[Mapping[str, Any]], props: CommitProperties, *,
-           operation: str, parameters: Mapping[str, str], metrics: Mapping[str, int]) -> int:
-    """Commit `actions` (add/remove dicts as the log spells them) with `props`' app transactions
-    and metadata (`userMetadata` among it: sink.lakehouse.writes.commit_properties) as the
-    version after the one `table` has loaded; returns it. Raises CommitFailedError when that
-    version exists already (another writer won)."""
+           operation: str, parameters: Mapping[str, str], metrics: Mapping[str, int],
+           tags: Mapping[str, str] | None = None) -> int:
+    """Commit `actions` (add/remove/metaData dicts as the log spells them) with `props`' app
+    transactions and metadata (`userMetadata` among it: sink.lakehouse.writes.commit_properties)
+    as the version after the one `table` has loaded; returns it. `tags`: the commit info's.
+    Raises CommitFailedError when that version exists already (another writer won)."""
     version = table.version() + 1
     now = int(time.time() * 1000)
     info = {"timestamp": now, "operation": operation, "operationParameters": dict(parameters),
             "readVersion": version - 1, "isolationLevel": "Serializable", "isBlindAppend": False,
             "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE_INFO,
-            **(props.custom_metadata or {})}
+            **({"tags": dict(tags)} if tags else {}), **(props.custom_metadata or {})}
     txns = [{"txn": {"appId": t.app_id, "version": t.version, "lastUpdated": now}}
             for t in props.app_transactions or ()]
     lines = [{"commitInfo": info}, *txns, *actions]

@@ -41,7 +41,7 @@ from pyroaring import BitMap64
 
 from sink import keys
 from sink.errors import CommitCheckError
-from sink.lakehouse import deletion_vectors, file_cache, log_commit
+from sink.lakehouse import deletion_vectors, file_cache, identity, log_commit
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.log import filesystem
@@ -106,6 +106,9 @@ class Rewrite:
     unchanged: int = 0
     marked: list[MarkedFile] = field(default_factory=list)  # each also in `removes`, with its old vector
     changes: list[ChangeFile] = field(default_factory=list)  # the change data feed's files
+    # Per writer of its new rows (the thread pool, each Spark task), per identity column the
+    # value furthest along its step it handed out: the commit raises the high-water marks.
+    identity_highs: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -142,10 +145,17 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     mapping = ColumnMapping.of(table)
     check_actions(uri, rewrite, snapshot, schema, partition_by, mapping)
     # Under column mapping the log keys partition values by physical name: the sink's own
-    # commit writes them so (create_write_transaction takes them as given).
-    if rewrite.needs_log_commit or mapping is not None:
-        log_commit.commit(table, uri, log_actions(rewrite, mapping), props, operation="MERGE",
-                          parameters={"predicate": "[]", "commitPath": "merge-on-read"}, metrics=log_metrics(rewrite))
+    # commit writes them so (create_write_transaction takes them as given). A table with
+    # identity columns is not delta-rs' to write; new identity values raise their columns'
+    # high-water marks in the same commit.
+    if rewrite.needs_log_commit or mapping is not None or identity.IdentityColumn.of(table):
+        raised = [identity.metadata_action(table, rewrite.identity_highs)] if rewrite.identity_highs else []
+        # New rows alone (an identity table's append) read as the append they are.
+        operation, parameters = (("MERGE", {"predicate": "[]", "commitPath": "merge-on-read"}) if rewrite.removes
+                                 else ("WRITE", {"mode": "Append"}))
+        log_commit.commit(table, uri, [*raised, *log_actions(rewrite, mapping)], props, operation=operation,
+                          parameters=parameters, metrics=log_metrics(rewrite),
+                          tags={identity.SCHEMA_UPDATE_TAG: "true"} if raised else None)
         return len(rewrite.removes)
     now = int(time.time() * 1000)
     removes = [RemoveAction(unquote(f.path), True, now, f.size, f.partition_values) for f in rewrite.removes]
@@ -237,7 +247,8 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
     marks = [m for _, partition_marks in done for m in partition_marks]
     return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
                    sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks, writes.column_mapping),
-                   [c for r, _ in done for c in r.changes])
+                   [c for r, _ in done for c in r.changes],
+                   [writes.identity.high()] if writes.identity and writes.identity.high() else [])
 
 
 def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
@@ -341,6 +352,8 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
     inserts = conform(rows.filter(new_keys), writes.schema) if pc.any(new_keys).as_py() else None
+    if inserts is not None and writes.identity is not None:
+        inserts = writes.identity.fill(inserts)
     if inserts is not None and writes.change_data:
         change_rows.append((CHANGE_INSERT, inserts))
     if writes.merge_on_read:  # the new row versions and the new keys: one new file
@@ -471,7 +484,9 @@ def file_change(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) 
     updated = pc.and_(newer, pc.invert(pc.fill_null(pc.equal(incoming.column(WRITE_COLUMN), DELETE), False)))
     new = incoming.filter(updated)
     old = stored_hits.filter(updated)
-    columns = [new.column(f.name).cast(f.type) for f in writes.schema]
+    # An identity column keeps the stored row's value (the stream does not carry it).
+    kept = {c.name for c in writes.identity.columns} if writes.identity is not None else set()
+    columns = [old.column(f.name) if f.name in kept else new.column(f.name).cast(f.type) for f in writes.schema]
     if writes.partial:
         partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
         columns = [pc.if_else(partial, pc.coalesce(c, old.column(f.name)), c) for c, f in zip(columns, writes.schema)]

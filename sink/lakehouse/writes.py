@@ -12,6 +12,7 @@ from deltalake import CommitProperties, Transaction
 
 from sink import keys
 from sink.lakehouse.column_mapping import ColumnMapping
+from sink.lakehouse.identity import IdentityValues
 from sink.lakehouse.log import USER_METADATA, commit_record
 
 WRITE_COLUMN = "__sink_write"
@@ -28,7 +29,8 @@ class Writes:
     tasks that write a batch's files, whose driver commits them). `merge_on_read`: replaced
     and deleted rows are marked in deletion vectors, not rewritten; `change_data`: the table
     has a change data feed, whose files the rewrite writes (sink.lakehouse.rewrite);
-    `column_mapping`: the table's, under which its files are read and written."""
+    `column_mapping`: the table's, under which its files are read and written; `identity`: the
+    values for the table's identity columns in new rows (updated rows keep the stored ones)."""
 
     rows: pa.Table
     schema: pa.Schema
@@ -40,6 +42,7 @@ class Writes:
     merge_on_read: bool = False
     change_data: bool = False
     column_mapping: ColumnMapping | None = None
+    identity: IdentityValues | None = None
 
     @property
     def partial(self) -> bool:

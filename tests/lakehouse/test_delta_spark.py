@@ -79,7 +79,7 @@ def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(
         assert DeltaTable(uri).transaction_version("w") == b
     # The sink checks CHECK constraints and generated columns on the records before writing
     # them; it writes the change files and physical column names itself (its log commit).
-    logged = properties in (CDF, COLUMN_MAPPING)
+    logged = properties in (CDF, COLUMN_MAPPING) or columns == IDENTITY
     mode = {DV: "merge-on-read"}.get(properties, "rewrite" if logged or constraint or stream_adds else "merge")
     assert [r.mode for r in sink.reports] == [mode]
     # Spark's MERGE or the sink's log commit; delta-rs' copy-on-write reads WRITE.
@@ -95,6 +95,49 @@ def test_a_table_spark_created_with_a_feature_is_written_exactly_by_delta_spark(
         counts = spark.sql(f"SELECT count(*) AS rows, count(DISTINCT n) AS ids, count(n) AS set FROM delta.`{uri}`")
         assert counts.first().asDict() == {"rows": len(expected_rows(batches)), "ids": len(expected_rows(batches)),
                                            "set": len(expected_rows(batches))}
+
+
+def high_water_mark(uri: str) -> int:
+    n = next(f for f in DeltaTable(uri).schema().fields if f.name == "n")
+    return int(n.metadata["delta.identity.highWaterMark"])
+
+
+@pytest.mark.parametrize("tag_on, properties, update_mode", [
+    ("driver", "", "rewrite"), ("executors", DV, "merge-on-read"),
+], ids=["driver, rewrite", "executors, deletion vectors"])
+def test_identity_values_new_rows_get_beyond_the_high_water_mark_and_updated_rows_keep(spark, tmp_path, tag_on,
+                                                                                      properties, update_mode):
+    """The sink's own commits write an identity column's values: each row keeps its value
+    through updates, a new row gets the next `start + k * step` beyond the column's high-water
+    mark, which the same commit raises to the highest value given; Spark's inserts before and
+    after draw from the same mark, so no value is ever given twice."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=COLUMNS + ", n BIGINT GENERATED ALWAYS AS IDENTITY (START WITH 10 INCREMENT BY 3)",
+           properties=properties)
+    spark.sql(f"INSERT INTO delta.`{uri}` (id, dt, ts, op, v) VALUES ('spark', '2025-01-01', 0, 'u', 'before')")
+    before = {"id": "spark", "dt": "2025-01-01", "ts": 0, "op": "u", "v": "before"}
+    batches = random_batches(59, batches=4, per_batch=150, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, tag_on=tag_on, num_shards=3))
+    held = {("2025-01-01", "spark"): 10}  # (dt, id) -> n, after the last batch
+    for b, events in enumerate(batches):
+        mark = high_water_mark(uri)
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        rows = spark.read.format("delta").load(uri).collect()
+        expected = sorted([before, *expected_rows(batches[: b + 1])], key=lambda r: (r["dt"], r["id"]))
+        assert spark_rows(spark, uri) == expected, f"after batch {b}"
+        now = {(r.dt, r.id): r.n for r in rows}
+        assert len(set(now.values())) == len(rows), f"a value given twice after batch {b}"
+        assert all((n - 10) % 3 == 0 and n <= high_water_mark(uri) for n in now.values())
+        assert {k: n for k, n in now.items() if k in held} == {k: held[k] for k in now if k in held}, "an update kept"
+        assert all(n > mark for k, n in now.items() if k not in held), f"a new row at or below the mark {mark}"
+        assert high_water_mark(uri) == max(now.values()) or high_water_mark(uri) == mark
+        held = now
+    assert {r.mode for r in sink.reports} == {"append", update_mode}
+    assert "spark" not in engines_of_updates(spark, uri)[1:]  # the sink's commits, not Spark's MERGE
+    sink.close()
+    spark.sql(f"INSERT INTO delta.`{uri}` (id, dt, ts, op, v) VALUES ('after', '2025-01-02', 0, 'u', 'after')")
+    after = spark.sql(f"SELECT n FROM delta.`{uri}` WHERE id = 'after'").first().n
+    assert after > max(held.values()) and after == high_water_mark(uri)
 
 
 def test_spark_shows_the_sinks_commits_with_their_operation_metrics_and_app_transaction(spark, tmp_path):
