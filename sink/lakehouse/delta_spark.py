@@ -39,7 +39,14 @@ from sink.errors import ConfigError, UnrecordedCommitError
 from sink.lakehouse import versions
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
-from sink.lakehouse.features import IDENTITY_COLUMNS, identity_columns, merge_only_reason, unwritable_reason
+from sink.lakehouse.features import (
+    IDENTITY_COLUMNS,
+    identity_columns,
+    mentions,
+    merge_only_reason,
+    row_checks,
+    unwritable_reason,
+)
 from sink.lakehouse.identity import IdentityColumn
 from sink.lakehouse.log import commit_record
 from sink.lakehouse.merge_clauses import (
@@ -118,7 +125,12 @@ class DeltaSparkTarget(DeltaTarget):
         return self._spark is not None and unwritable_reason(self.table) is not None
 
     def _generates_identity(self) -> bool:
-        return self._generate_identity and self._spark is not None
+        """Not where a row check reads an identity column: the records lack its values, which
+        only the commit gives them, so Spark's MERGE checks those rows."""
+        if not (self._generate_identity and self._spark is not None):
+            return False
+        filled = identity_columns(self.table)
+        return not any(mentions(expr, c) for expr in row_checks(self.table).values() for c in filled)
 
     def written_identity(self) -> tuple[IdentityColumn, ...]:
         """A table whose only feature delta-rs cannot write is identity columns: the sink's

@@ -132,6 +132,13 @@ def row_checks(table: DeltaTable) -> dict[str, str]:
     return checks
 
 
+def mentions(expression: str, column: str) -> bool:
+    """Whether the SQL `expression` may read `column` (as a word or backquoted, any case):
+    erring towards yes, as a string literal holding the name counts too."""
+    name = re.escape(column)
+    return re.search(rf"`{name}`|(?<![\w`]){name}(?![\w`])", expression, re.IGNORECASE) is not None
+
+
 def identity_columns(table: DeltaTable) -> list[str]:
     """The table's identity columns: their values are the engine's, never the stream's."""
     return [f.name for f in table.schema().fields if any(k.startswith(_IDENTITY_METADATA) for k in f.metadata or {})]

@@ -140,6 +140,26 @@ def test_identity_values_new_rows_get_beyond_the_high_water_mark_and_updated_row
     assert after > max(held.values()) and after == high_water_mark(uri)
 
 
+def test_a_check_reading_an_identity_column_leaves_the_batch_to_sparks_merge(spark, tmp_path):
+    """The records lack the identity values the commit gives them, so a CHECK constraint on the
+    column cannot be checked on them: Spark writes the table (under check_constraints = "fail"
+    its MERGE checks the rows); under "quarantine" the sink refuses, naming the constraint."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=IDENTITY, constraint="n_positive CHECK (n > 0)")
+    batches = random_batches(60, batches=2, per_batch=60, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri, check_constraints="fail"))
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+    assert [r.mode for r in sink.reports] == ["append", "merge"]
+    assert set(engines_of_updates(spark, uri)) == {"spark"}
+    sink.close()
+    quarantining = UpsertSink(config(tmp_path, uri, writer_id="q"))
+    with pytest.raises(SchemaError, match=r"CHECK constraint n_positive \(n > 0\) does not apply to the stream"):
+        quarantining(spark.createDataFrame(batches[0], SCHEMA), 0)
+    quarantining.close()
+
+
 def test_spark_shows_the_sinks_commits_with_their_operation_metrics_and_app_transaction(spark, tmp_path):
     uri = str(tmp_path / "table")
     create(spark, uri, properties=DV)

@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable, Field, QueryBuilder, Schema
 
 from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
-from sink.lakehouse.features import check_constraints, merge_only_reason, row_checks
+from sink.lakehouse.features import check_constraints, mentions, merge_only_reason, row_checks
 
 COLUMNS = [("id", "string", pa.string()), ("dt", "string", pa.string()), ("ts", "long", pa.int64()),
            ("g", "long", pa.int64())]
@@ -112,3 +112,12 @@ def test_what_every_row_must_meet_is_checked_by_the_sink_where_rows_are_its_reco
     assert modes == ["merge", "rewrite"]
     create(str(tmp_path / "plain"))
     assert row_checks(DeltaTable(str(tmp_path / "plain"))) == {}
+
+
+@pytest.mark.parametrize("expression, reads", [
+    ("n > 0", True), ("`n` <=> (v * 2)", True), ("N >= 1", True), ("t.n > 0", True),
+    ("v = 'n'", True),  # a literal holding the name counts: never a check missed
+    ("nn > 0", False), ("x_n > 0", False), ("amount >= 0", False),
+])
+def test_a_check_reads_a_column_where_it_names_it(expression, reads):
+    assert mentions(expression, "n") is reads
