@@ -12,6 +12,7 @@ from jobs.job_config import SOURCE_FORMATS, load_job_config
 from jobs.upsert_stream import run
 from sink import SchemaError
 from sink.errors import ConfigError
+from sink.lakehouse import log_commit
 from tests.lakehouse.spark_sql_tables import FEATURE_RICH_REASON, amount_of, create_feature_rich
 from tests.oracle import Event, expected_history, expected_rows, random_batches
 from tests.scaleout_stream import history_rows
@@ -226,12 +227,13 @@ def test_the_job_through_spark_connect_matches_the_oracle_and_leaves_its_replica
 def test_the_job_through_a_connect_server_started_with_deltas_recipe(spark, connect_server, tmp_path):
     """docs/spark-connect.md's recipe: a Connect server started by spark-submit with Delta's
     package, extension and catalog (the Connect pass's own: tests/connect_server.py); the job
-    connects to it (`--remote sc://...`) and feeds, through Delta's Spark engine, the tables a
-    Connect user created with Spark SQL: deletion vectors, a change data feed, an identity
+    connects to it (`--remote sc://...`) and feeds, under `engine = "delta-spark"`, the tables
+    a Connect user created with Spark SQL: deletion vectors, a change data feed, an identity
     column, a generated column and a CHECK constraint, one tagged on the driver and one on the
-    executors. The negative amounts the constraint refuses go to quarantine naming it; the
-    client sets none of the server's static settings (no CANNOT_MODIFY_CONFIG warnings), and
-    the batch lines are in the server's log."""
+    executors; the sink's own commits mark rows and generate the identity values. The
+    negative amounts the constraint refuses go to quarantine naming it; the client sets none
+    of the server's static settings (no CANNOT_MODIFY_CONFIG warnings), and the batch lines
+    are in the server's log."""
     tables = {tag_on: str(tmp_path / "data" / tag_on) for tag_on in ("driver", "executors")}
     sinks = "".join(_sink_table(tag_on, f'tag_on = "{tag_on}"\nnum_shards = 2\nengine = "delta-spark"\n')
                     for tag_on in tables)
@@ -260,8 +262,11 @@ def test_the_job_through_a_connect_server_started_with_deltas_recipe(spark, conn
         assert sorted(rows, key=lambda r: (r["dt"], r["id"])) == expected, uri
         reasons = DeltaTable(f"{uri}_quarantine").to_pyarrow_table(columns=["_quarantine_reason"]).column(0)
         assert (len(reasons), set(reasons.to_pylist())) == (negative, {FEATURE_RICH_REASON})
+        # The sink's own commits (merge-on-read) gave the identity values: set, each once.
         merges = [h for h in DeltaTable(uri).history() if h["operation"] == "MERGE"]
-        assert merges and all(h["engineInfo"].startswith("Apache-Spark") for h in merges)
+        assert merges and all(h["engineInfo"] == log_commit.ENGINE_INFO for h in merges)
+        ids = pa.table(DeltaTable(uri).scan(columns=["n"])).column(0).to_pylist()
+        assert None not in ids and len(set(ids)) == len(ids) == len(expected)
     with open(connect_server.log) as log:
         log.seek(logged)
         assert "upsert batch batch=1" in log.read()
