@@ -24,7 +24,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -284,6 +284,7 @@ class Mark:
     stored: StoredFile
     rows: BitMap64
     physical_rows: int
+    metadata: pq.FileMetaData | None = None  # its Parquet footer, when the probe read it
 
 
 def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping: ColumnMapping | None
@@ -301,7 +302,7 @@ def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark, mapping: ColumnMappi
     """A marked file's stats: its physical row count, its footer's bounds, not tight (the
     protocol's requirement for a file with a deletion vector, and what Spark writes); under a
     column `mapping`, of the table's columns alone, keyed by physical name."""
-    metadata = pq.read_metadata(f"{root}/{unquote(mark.stored.path)}", filesystem=fs)
+    metadata = mark.metadata or pq.read_metadata(f"{root}/{unquote(mark.stored.path)}", filesystem=fs)
     schema = metadata.schema.to_arrow_schema()
     skip = mark.stored.partition_values
     if mapping is not None:
@@ -342,12 +343,13 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
             continue
         removed.append(f)
         if writes.change_data:
-            change_rows.extend(change.change_rows(stored))
+            change_rows.extend(change.change_rows(stored.read()))
         if writes.merge_on_read:
-            marks.append(Mark(f, deleted | BitMap64(np.flatnonzero(change.gone).tolist()), stored.num_rows))
+            marks.append(Mark(f, deleted | BitMap64(np.flatnonzero(change.gone).tolist()), stored.num_rows,
+                              stored.metadata))
             outputs.append(change.replaced)
         else:
-            outputs.append(pa.concat_tables([stored.filter(pa.array(~change.gone)), change.replaced]))
+            outputs.append(pa.concat_tables([stored.read().filter(pa.array(~change.gone)), change.replaced]))
             file_cache.WRITTEN.discard(f"{root}/{unquote(f.path)}")  # its rows live on in the new file
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
@@ -381,20 +383,19 @@ def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> li
 
 def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,
                    key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema,
-                   mapping: ColumnMapping | None = None) -> Iterator[tuple[StoredFile, pa.Table, pa.Array, BitMap64]]:
+                   mapping: ColumnMapping | None = None) -> Iterator[tuple[StoredFile, StoredRows, pa.Array, BitMap64]]:
     """Of one partition's `files` (its partition `values`), those holding a row of
-    `incoming_keys` (`row_keys`): each with its rows (in `schema`, partition columns
-    included, every physical row), per row its key's position in `incoming_keys` (null: none,
-    or a row its deletion vector deletes: those rows are not the table's), and the rows its
-    deletion vector deletes. Each file is probed on its key columns first and read whole only
-    when it matches; under a column `mapping`, its columns read under their table names."""
-    key_schema = pa.schema([schema.field(c) for c in key_cols])
+    `incoming_keys` (`row_keys`): each with its rows (`StoredRows`, every physical row), per
+    row its key's position in `incoming_keys` (null: none, or a row its deletion vector
+    deletes: those rows are not the table's), and the rows its deletion vector deletes. Each
+    file is probed on its key columns alone; its other columns are read as the caller needs
+    them, while it handles the file."""
     for f in files:
-        deleted = BitMap64()
-        with _stored_columns(fs, f"{root}/{unquote(f.path)}", key_cols, mapping) as (probe, read_rest):
-            at = pc.index_in(row_keys(conform(probe, key_schema), key_cols), value_set=incoming_keys)
+        with _stored_rows(fs, f"{root}/{unquote(f.path)}", schema, values, mapping) as stored:
+            at = pc.index_in(row_keys(stored.read(key_cols), key_cols), value_set=incoming_keys)
             if at.null_count == len(at):
                 continue
+            deleted = BitMap64()
             if f.deletion_vector is not None:  # read only for a file the probe matched: most match nothing
                 deleted = deletion_vectors.read(fs, root, f.deletion_vector)
                 live = np.ones(len(at), bool)
@@ -402,40 +403,65 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
                 at = pc.if_else(pa.array(live), at, pa.nulls(len(at), at.type))
                 if at.null_count == len(at):
                     continue
-            rest = read_rest()
-        yield f, conform(_with_partition_values(_joined(probe, rest), values, schema), schema), at, deleted
+            yield f, stored, at, deleted
 
 
-@contextmanager
-def _stored_columns(fs: pafs.FileSystem, location: str, key_cols: Sequence[str], mapping: ColumnMapping | None
-                    ) -> Iterator[tuple[pa.Table, Callable[[], pa.Table]]]:
-    """One data file's key columns, and how to read its other columns: from memory when this
-    process wrote the file lately (`file_cache`, as written), else from Parquet (keys first:
-    most files probed hold no key of the batch); under a column `mapping` read by their names
-    in the file (physical names, or field ids: a rename since changes neither) and renamed."""
-    def table_columns(schema: pa.Schema) -> dict[str, str]:
-        return {c: c for c in schema.names} if mapping is None else mapping.file_columns(schema)
+class StoredRows:
+    """One data file's rows in the table's `schema`, read column by column as they are needed
+    (a merge-on-read batch needs a file's keys and orderings, not the rest of its bytes), each
+    column once; partition columns take the log's `values` (delta-rs' files do not hold them,
+    Delta's Spark engine writes them too). `source` is the file's Parquet, or its rows as this
+    process wrote them (`file_cache`); under a column `mapping` its columns are read by their
+    names in the file (physical names, or field ids: a rename since changes neither)."""
 
-    held = file_cache.WRITTEN.get(location)
-    if held is not None:
-        names = table_columns(held.schema)
+    def __init__(self, source: pq.ParquetFile | pa.Table, schema: pa.Schema, values: Mapping[str, str | None],
+                 mapping: ColumnMapping | None):
+        in_file = source.schema if isinstance(source, pa.Table) else source.schema_arrow
+        self._source = source
+        self._names = {c: c for c in in_file.names} if mapping is None else mapping.file_columns(in_file)
+        self._schema = schema
+        self._values = values
+        self._columns: dict[str, pa.ChunkedArray] = {}
+        self.num_rows = source.num_rows if isinstance(source, pa.Table) else source.metadata.num_rows
+        # A marked file's stats are its footer's (`_wide_stats`): read once.
+        self.metadata = None if isinstance(source, pa.Table) else source.metadata
 
-        def take(columns: Sequence[str]) -> pa.Table:
-            return held.select([names[c] for c in columns]).rename_columns(list(columns))
+    def read(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """The table's `columns` (None: all of them), every physical row."""
+        columns = self._schema.names if columns is None else list(columns)
+        missing = [c for c in columns if c not in self._values and c in self._names and c not in self._columns]
+        if missing:
+            self._columns.update(zip(missing, self._fetch([self._names[c] for c in missing])))
+        return pa.table([self._column(self._schema.field(c)) for c in columns],
+                        schema=pa.schema([self._schema.field(c) for c in columns]))
 
-        yield take(key_cols), lambda: take([c for c in names if c not in key_cols])
-        return
-    with fs.open_input_file(location) as source:
-        parquet = pq.ParquetFile(source)
-        names = table_columns(parquet.schema_arrow)
-
+    def _fetch(self, names: list[str]) -> list[pa.ChunkedArray]:
+        if isinstance(self._source, pa.Table):
+            return self._source.select(names).columns
         # One thread per file: the caller already reads a file per core (its thread pool, or
         # one Spark task per core); Arrow's reader threads on top of it cost the rewrite of
         # an events batch at 5M rows a tenth of its wall time (measured).
-        def read(columns: Sequence[str]) -> pa.Table:
-            return parquet.read(columns=[names[c] for c in columns], use_threads=False).rename_columns(list(columns))
+        return self._source.read(columns=names, use_threads=False).columns
 
-        yield read(key_cols), lambda: read([c for c in names if c not in key_cols])
+    def _column(self, f: pa.Field) -> pa.Array | pa.ChunkedArray:
+        if f.name in self._values:  # one scalar repeated, not a list of n values: 3% of a rewrite
+            return pa.repeat(pa.scalar(self._values[f.name], pa.string()), self.num_rows).cast(f.type)
+        if f.name in self._columns:
+            return self._columns[f.name].cast(f.type)
+        return pa.nulls(self.num_rows, f.type)  # a column added since the file was written
+
+
+@contextmanager
+def _stored_rows(fs: pafs.FileSystem, location: str, schema: pa.Schema, values: Mapping[str, str | None],
+                 mapping: ColumnMapping | None) -> Iterator[StoredRows]:
+    """The file at `location`: from memory when this process wrote it lately, else its Parquet,
+    open while the caller reads it."""
+    held = file_cache.WRITTEN.get(location)
+    if held is not None:
+        yield StoredRows(held, schema, values, mapping)
+        return
+    with fs.open_input_file(location) as source:
+        yield StoredRows(pq.ParquetFile(source), schema, values, mapping)
 
 
 def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]:
@@ -467,30 +493,36 @@ class FileChange:
                 (UPDATE_POSTIMAGE, self.replaced), (CHANGE_DELETE, stored.filter(pa.array(self.deleted)))]
 
 
-def file_change(stored: pa.Table, rows: pa.Table, at: pa.Array, writes: Writes) -> FileChange:
-    """The batch's `rows` applied to `stored` (one file, in the table's schema), where `at`
-    gives each stored row's incoming row (null: none). An update that is a no-op (the stored
-    row already holds exactly the new values, e.g. an event delivered again with its
-    ordering) changes nothing and rewrites no file."""
-    none = np.zeros(stored.num_rows, bool)
+def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes) -> FileChange:
+    """The batch's `rows` applied to `stored` (one file), where `at` gives each stored row's
+    incoming row (null: none). An update that is a no-op (the stored row already holds exactly
+    the new values, e.g. an event delivered again with its ordering) changes nothing and
+    rewrites no file. Of the stored rows' other columns, only those the change needs are read."""
+    none = np.zeros(len(at), bool)
     nothing = FileChange(none, writes.schema.empty_table(), 0, none)
     hit = pc.is_valid(at)
-    stored_hits = stored.filter(hit)
     incoming = rows.take(at.filter(hit))
+    ordering = stored.read(writes.ordering).filter(hit)
     newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
-                                [stored_hits.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
+                                [ordering.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
     if not pc.any(newer).as_py():
         return nothing
     updated = pc.and_(newer, pc.invert(pc.fill_null(pc.equal(incoming.column(WRITE_COLUMN), DELETE), False)))
     new = incoming.filter(updated)
-    old = stored_hits.filter(updated)
     # An identity column keeps the stored row's value (the stream does not carry it).
-    kept = {c.name for c in writes.identity.columns} if writes.identity is not None else set()
+    kept = [c.name for c in writes.identity.columns] if writes.identity is not None else []
+    # A no-op needs the stored ordering's values, so the stored rows are compared whole only
+    # where an ordering ties; partial updates take stored values from the whole row.
+    ordering_schema = pa.schema([writes.schema.field(c) for c in writes.ordering])
+    ties = _same_rows([new.column(f.name).cast(f.type) for f in ordering_schema], ordering.filter(updated),
+                      ordering_schema)
+    whole = writes.partial or ties.any()
+    old = stored.read(None if whole else kept).filter(hit).filter(updated) if whole or kept else None
     columns = [old.column(f.name) if f.name in kept else new.column(f.name).cast(f.type) for f in writes.schema]
     if writes.partial:
         partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
         columns = [pc.if_else(partial, pc.coalesce(c, old.column(f.name)), c) for c, f in zip(columns, writes.schema)]
-    same = _same_rows(columns, old, writes.schema)
+    same = _same_rows(columns, old, writes.schema) if whole else np.zeros(new.num_rows, bool)
     gone = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
     gone[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
     if not gone.any():
@@ -619,23 +651,6 @@ def _dictionary_columns(data: pa.Table, sample: int = 4096) -> list[str]:
     head = data.slice(0, sample)
     return [f.name for f in data.schema if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
             and pc.count_distinct(head.column(f.name)).as_py() * 4 <= head.num_rows]
-
-
-def _joined(left: pa.Table, right: pa.Table) -> pa.Table:
-    """The columns of two reads of one file side by side."""
-    for name, column in zip(right.column_names, right.columns):
-        left = left.append_column(name, column)
-    return left
-
-
-def _with_partition_values(stored: pa.Table, values: Mapping[str, str | None], schema: pa.Schema) -> pa.Table:
-    """A data file's rows with their partition's values, from the log: delta-rs' files do
-    not hold them, Delta's Spark engine (4.x) writes them into its files too."""
-    stored = stored.drop_columns([c for c in values if c in stored.column_names])
-    for c, v in values.items():
-        column = pa.repeat(pa.scalar(v, pa.string()), stored.num_rows)  # not a list of n values: 3% of a rewrite
-        stored = stored.append_column(c, column.cast(schema.field(c).type))
-    return stored
 
 
 def row_keys(rows: pa.Table, key_cols: Sequence[str]) -> pa.Array:

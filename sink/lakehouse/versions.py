@@ -237,7 +237,8 @@ def _stored(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], probe: 
         key_cols = file_key_columns(writes.key_cols, writes.partition_by)
         key_schema = pa.schema([schema.field(c) for c in key_cols])
         incoming = pc.unique(row_keys(conform(probe, key_schema), key_cols))
-        for f, rows, at, _ in matching_files(fs, root, files, incoming, key_cols, files[0].partition_values, schema):
+        for f, stored, at, _ in matching_files(fs, root, files, incoming, key_cols, files[0].partition_values, schema):
+            rows = stored.read()
             touched = pc.is_valid(at)
             kept.append(rows.filter(pc.invert(touched)))
             before.append(rows.filter(touched))

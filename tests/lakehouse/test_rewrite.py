@@ -1,6 +1,8 @@
 """The copy-on-write commit against delta-rs' MERGE (the same batches must give the same
 table) and against what `create_write_transaction` would let through unchecked."""
 
+import dataclasses
+import datetime as dt
 import random
 from urllib.parse import unquote
 
@@ -206,6 +208,40 @@ def test_an_identical_redelivery_rewrites_no_file_and_matches_no_merge_update(tm
                         [{"day": d} for d in DAYS]) == 1
     assert contents(by_rewrite) == contents(by_merge)
     assert next(r for r in contents(by_rewrite) if r["k2"] == rows[3]["k2"])["v"] == "changed"
+
+
+class RecordingParquet:
+    """A Parquet file that records which columns are read from it."""
+
+    def __init__(self, path):
+        self._file = pq.ParquetFile(path)
+        self.schema_arrow, self.metadata = self._file.schema_arrow, self._file.metadata
+        self.reads = []
+
+    def read(self, columns, use_threads):
+        self.reads.append(list(columns))
+        return self._file.read(columns=columns, use_threads=use_threads)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_merge_on_read_reads_a_files_values_only_to_compare_a_tie(tmp_path, tie):
+    """The replaced row stays where it is, so a newer update reads the file's keys and orderings
+    and none of its values; an update tying on ordering (incoming wins ties) is compared whole,
+    as it may be a re-delivery that changes nothing."""
+    at_noon = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)
+    rows = [{"k1": i, "k2": f"k{i}", "day": DAYS[0], "o1": 1, "o2": at_noon, "v": f"v{i}", "n": i} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows, SCHEMA).drop_columns(["day"]), tmp_path / "f.parquet")
+    source = RecordingParquet(tmp_path / "f.parquet")
+    stored = rewrite.StoredRows(source, SCHEMA, {"day": DAYS[0]}, None)
+    update = {**rows[2], "o1": 1 if tie else 2, "v": "new", "w": "update"}
+    writes = dataclasses.replace(writes_of([update]), merge_on_read=True)
+    at = pc.index_in(rewrite.row_keys(stored.read(["k1", "k2"]), ["k1", "k2"]),
+                     value_set=rewrite.row_keys(writes.rows, ["k1", "k2"]))
+    change = rewrite.file_change(stored, writes.rows, at, writes)
+    assert change.gone.tolist() == [False, False, True, False, False]
+    assert change.replaced.to_pylist() == [{k: v for k, v in update.items() if k != "w"}]
+    assert source.reads == [["k1", "k2"], ["o1", "o2"]] + ([["v", "n"]] if tie else [])
+    assert stored.read(["day"]).column("day").to_pylist() == [DAYS[0]] * 5  # from the log, not the file
 
 
 def test_files_without_a_new_column_read_it_as_null(tmp_path):
