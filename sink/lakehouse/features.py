@@ -15,6 +15,8 @@ from collections.abc import Collection, Iterator
 
 from deltalake import DeltaTable
 
+from sink.lakehouse.identity import IdentityColumn
+
 ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
 ENABLE_CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 COLUMN_MAPPING = "delta.columnMapping.mode"
@@ -44,8 +46,6 @@ _UNWRITABLE_FEATURES = {
     "identityColumns": "identity columns (delta-rs does not generate their values)",
 }
 IDENTITY_COLUMNS = "identityColumns"
-# An identity column on a protocol without a feature list (writer version 6).
-_IDENTITY_METADATA = "delta.identity."
 _OFF = ("false", "none", "")
 _UNREADABLE = (_PROPERTIES[ENABLE_DELETION_VECTORS], _PROPERTIES[COLUMN_MAPPING])
 # What the sink checks on every row it writes, before writing it (`row_checks`): honoured where it does.
@@ -97,6 +97,7 @@ def unwritable_reason(table: DeltaTable, *, honoured: Collection[str] = ()) -> s
     sink's log commit generates identity values)."""
     features = table.protocol().writer_features or ()
     reason = next((r for f, r in _UNWRITABLE_FEATURES.items() if f in features and f not in honoured), None)
+    # An identity column on a protocol without a feature list (writer version 6) names no feature.
     if reason is None and IDENTITY_COLUMNS not in honoured and identity_columns(table):
         reason = _UNWRITABLE_FEATURES[IDENTITY_COLUMNS]
     return reason
@@ -141,7 +142,7 @@ def mentions(expression: str, column: str) -> bool:
 
 def identity_columns(table: DeltaTable) -> list[str]:
     """The table's identity columns: their values are the engine's, never the stream's."""
-    return [f.name for f in table.schema().fields if any(k.startswith(_IDENTITY_METADATA) for k in f.metadata or {})]
+    return [c.name for c in IdentityColumn.of(table)]
 
 
 def _reasons(table: DeltaTable) -> Iterator[str]:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
 
+_PREFIX = "delta.identity."
 START = "delta.identity.start"
 STEP = "delta.identity.step"
 HIGH_WATER_MARK = "delta.identity.highWaterMark"
@@ -35,10 +36,11 @@ class IdentityColumn:
 
     @classmethod
     def of(cls, table: DeltaTable) -> tuple[IdentityColumn, ...]:
-        """The table's identity columns."""
+        """The table's identity columns: any field with identity metadata, so that one lacking
+        its start or step fails here rather than passing for a plain column the stream fills."""
         return tuple(cls(f.name, int(f.metadata[START]), int(f.metadata[STEP]),
                          int(f.metadata[HIGH_WATER_MARK]) if HIGH_WATER_MARK in f.metadata else None)
-                     for f in table.schema().fields if START in (f.metadata or {}))
+                     for f in table.schema().fields if any(k.startswith(_PREFIX) for k in f.metadata or {}))
 
     def first_k(self) -> int:
         """The k of the first value beyond the high-water mark (above it for a positive step,
