@@ -102,9 +102,12 @@ class SinkConfig:
     scope only)."""
     hot_cache_entries: int = 200_000
     """Entries kept in memory per shard replica (and Python worker) in front of RocksDB; 0 = off."""
-    resident_keys: int = 1_000_000
-    """Entries per shard replica (and Python worker) of the keyspaces held whole in memory: those a
-    batch looks up most answer without RocksDB; 0 = off."""
+    resident_keys: int | None = None
+    """Entries per shard replica of the keyspaces held whole in memory: those a batch looks up
+    most answer without RocksDB; 0 = off. Spark's Python workers hold none unless set: a
+    shard's tasks move between workers, and each move would build them again inside a task.
+
+    Default: 1,000,000 where the driver tags, 0 in Spark's Python workers."""
     cross_partition_check: int = 1000
     """Partitioned scope: new keys per shard and batch looked up in the replica's other held
     partitions, to signal keys that get a second row in another partition; 0 = off."""

@@ -119,7 +119,7 @@ class IndexSection:
     tiering_column: str | None
     index_max_bytes: int | None
     hot_cache_entries: int
-    resident_keys: int
+    resident_keys: int | None  # None: hot_tier.resident_keys decides by where tagging runs
     cross_partition_check: int
     peek_max_keys: int
     block_cache_bytes: int
@@ -134,7 +134,8 @@ class IndexSection:
         require_int("partition_ttl_hours", cfg.partition_ttl_hours, 1, 1_000_000)
         _check_tiering(cfg)
         require_int("hot_cache_entries", cfg.hot_cache_entries, 0, 100_000_000)
-        require_int("resident_keys", cfg.resident_keys, 0, 1_000_000_000)
+        if cfg.resident_keys is not None:
+            require_int("resident_keys", cfg.resident_keys, 0, 1_000_000_000)
         require_int("cross_partition_check", cfg.cross_partition_check, 0, 10_000_000)
         require_int("peek_max_keys", cfg.peek_max_keys, 0, 1_000_000)
         require_int("index_block_cache_bytes", cfg.index_block_cache_bytes, 1 << 20, 1 << 40)

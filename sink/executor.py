@@ -35,6 +35,7 @@ from sink.errors import ReplicaLostError
 from sink.index import changelog, history_locations, registry, verification, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import ordering_names
+from sink.index.hot_tier import resident_keys
 from sink.index.lifecycle import (
     PEEKS_BEFORE_LOAD,
     ShardSource,
@@ -537,7 +538,7 @@ def _use(ctx: TaskContext, path, flush: bool):
     when its last flush is FLUSH_EVERY_S old) or by a reused Python worker (checkpointed in
     the background, sink.index.worker_replicas), else opened and closed."""
     options = {"hot_cache_entries": ctx.index.hot_cache_entries, "block_cache_bytes": ctx.index.block_cache_bytes,
-               "resident_keys": ctx.index.resident_keys}
+               "resident_keys": resident_keys(ctx.index.resident_keys, driver=ctx.keep_open)}
     if not ctx.keep_open:
         if worker_replicas.reused_worker():
             with worker_replicas.use(path, ctx.spec, **options) as replica:

@@ -33,6 +33,7 @@ def test_defaults_follow_the_design():
         (dict(bootstrap_days="7"), ["bootstrap_days", "integer"]),
         (dict(cross_partition_check=-1), ["cross_partition_check", "0 to 10000000"]),
         (dict(peek_max_keys=-1), ["peek_max_keys", "0 to 1000000"]),
+        (dict(resident_keys=-1), ["resident_keys", "0 to 1000000000"]),
         (dict(peek_max_keys=True), ["peek_max_keys", "integer"]),
         (dict(file_cache_bytes=-1), ["file_cache_bytes", "0 to 1099511627776"]),
         (dict(partition_by=["id"]), ["key ['id'] names partition columns only", "tells its rows apart"]),

@@ -156,6 +156,22 @@ class HotTier:
         self._young_size = self._old_size = 0
 
 
+# Keyspaces held whole per shard replica where the driver tags, unless `resident_keys` is set.
+DRIVER_RESIDENT_KEYS = 1_000_000
+
+
+def resident_keys(configured: int | None, *, driver: bool) -> int:
+    """A replica use's budget of keyspaces held whole: the configured one; unset,
+    DRIVER_RESIDENT_KEYS in the driver, which keeps its replicas open batch after batch, and
+    none in Spark's Python workers. There a shard's tasks move between workers (about every
+    other batch of the 10M-row bench), each move empties the tier, and refilling it, a scan
+    of every keyspace the lookups asked for, took the next task 0.8-1.2 s, while its lookups
+    took no longer without it (docs/performance.md)."""
+    if configured is not None:
+        return configured
+    return DRIVER_RESIDENT_KEYS if driver else 0
+
+
 # One tier per replica directory per process (a Python worker runs one task at a time).
 _TIERS: dict[str, HotTier] = {}
 

@@ -243,3 +243,12 @@ def test_a_keyspace_asked_for_is_held_as_it_is_when_the_replica_has_caught_up(tm
         r.lookups.update(dict.fromkeys(r.lookups, 0))
         assert r.lookup("p", [keys[0], keys[600], keys[1]]) == [Entry(9, True, 3), Entry(7), Entry(1)]
         assert r.lookups["memory"] == 3  # from the columns, which hold the promoted entries
+
+
+def test_keyspaces_are_held_whole_by_the_driver_and_by_python_workers_only_when_set():
+    """Unset, the budget is the driver's (it keeps its replicas) and none in Spark's Python
+    workers (a shard's tasks move between them); a set budget holds everywhere, 0 included."""
+    assert hot_tier.resident_keys(None, driver=True) == hot_tier.DRIVER_RESIDENT_KEYS > 0
+    assert hot_tier.resident_keys(None, driver=False) == 0
+    assert hot_tier.resident_keys(500, driver=False) == 500
+    assert hot_tier.resident_keys(0, driver=True) == 0
