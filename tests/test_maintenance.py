@@ -1,6 +1,7 @@
-"""The maintenance matrix: what an operator runs on a table Spark SQL created (a plain one, and
-one with column mapping and a CHECK constraint), between the sink's batches and during them,
-under both Delta engines and both tagging paths.
+"""The maintenance matrix: what an operator runs on a table Spark SQL created (a plain one, one
+with column mapping and a CHECK constraint, one with a generated column and a change data
+feed), between the sink's batches and during them, under both Delta engines and both tagging
+paths.
 
 Four sinks write one table (deltalake and delta-spark, each tagging on the driver and on the
 executors): the deltalake sinks a batch after every operation, the delta-spark ones in turn a
@@ -24,7 +25,7 @@ from deltalake import DeltaTable
 
 from sink import SchemaError, SinkConfig, UpsertSink
 from tests import damage
-from tests.lakehouse.spark_sql_tables import create, spark_rows
+from tests.lakehouse.spark_sql_tables import COLUMNS, create, spark_rows
 from tests.oracle import SCHEMA, Event, TableModel
 from tests.test_concurrent_writers import racing
 
@@ -52,8 +53,9 @@ class Writer:
 
 
 class Matrix:
-    def __init__(self, spark, tmp_path):
+    def __init__(self, spark, tmp_path, computed: tuple[str, ...] = ()):
         self.spark, self.tmp_path = spark, tmp_path
+        self.computed = computed  # the generated columns' expressions, which the stream carries
         self.uri = str(tmp_path / "table")
         self.model = TableModel()
         self.rng = random.Random(55)
@@ -83,7 +85,7 @@ class Matrix:
         return out
 
     def frame(self, events):
-        df = self.spark.createDataFrame(events, SCHEMA)
+        df = self.spark.createDataFrame(events, SCHEMA).selectExpr("*", *self.computed)
         return df.selectExpr("*", "concat('x-', v) AS extra") if self.extra else df
 
     def run(self, writer: Writer, race=None, race_model=None) -> None:
@@ -143,19 +145,24 @@ def vacuum_allowed(spark):
     spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
 
 
-# The tables the matrix runs on: a plain one, and one whose files the sink writes under physical
-# column names, checking a CHECK constraint on every record (no MERGE either way).
+# The tables the matrix runs on: a plain one; one whose files the sink writes under physical
+# column names, checking a CHECK constraint on every record; one with a generated column the
+# records lack and a change data feed from the start (no MERGE on any of them).
 TABLES = {
     "plain": {},
     "column-mapped-with-a-check": {"properties": "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')",
                                    "constraint": "v_present CHECK (v IS NOT NULL)"},
+    "generated-column-with-a-change-feed": {"columns": f"{COLUMNS}, g STRING GENERATED ALWAYS AS (upper(v))",
+                                            "properties": "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')"},
 }
+# What the stream selects for a table's generated columns (Delta checks each value).
+COMPUTED = {"generated-column-with-a-change-feed": ("upper(v) AS g",)}
 
 
 @pytest.mark.parametrize("table", TABLES)
 def test_maintenance_between_and_during_batches_under_both_engines_and_tagging_paths(spark, tmp_path,
                                                                                         vacuum_allowed, table):
-    m = Matrix(spark, tmp_path)
+    m = Matrix(spark, tmp_path, COMPUTED.get(table, ()))
     create(spark, m.uri, **TABLES[table])
     m.check("created")
     m.round(0)
@@ -176,7 +183,8 @@ def test_maintenance_between_and_during_batches_under_both_engines_and_tagging_p
         rows = [Event(k, dt, m.ts - 5, "u", "merged") for dt, k in keys]
         source = ", ".join(f"('{e.id}', '{e.dt}', {e.ts}, 'u', 'merged')" for e in rows)
         m.sql(f"MERGE INTO {{t}} t USING (SELECT * FROM VALUES {source} AS s(id, dt, ts, op, v)) s "
-              "ON t.id = s.id AND t.dt = s.dt WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+              "ON t.id = s.id AND t.dt = s.dt WHEN MATCHED THEN UPDATE SET ts = s.ts, op = s.op, v = s.v "
+              "WHEN NOT MATCHED THEN INSERT (id, dt, ts, op, v) VALUES (s.id, s.dt, s.ts, s.op, s.v)")
         return lambda: m.model.written(rows)
 
     def maintenance(text):
@@ -253,6 +261,8 @@ def test_maintenance_between_and_during_batches_under_both_engines_and_tagging_p
     m.round(step)
 
     assert spark_rows(spark, m.uri) == m.model.rows()
+    if table in COMPUTED:  # every writer's rows hold the expression's value
+        assert spark.read.format("delta").load(m.uri).where("g IS DISTINCT FROM upper(v)").count() == 0
     for writer in m.writers:
         writer.sink.close()
     assert m.retries >= 4, "every race (four) was lost and followed"
