@@ -5,8 +5,10 @@ the change data feed), "global" (scope "global": moves, key-only deletes, re-sen
 (plain, with an executor JVM killed by SIGKILL inside a file-writing task, after it wrote its
 files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" and
 "global-history" (plain and global into an SCD type 2 table, the seed its first batch),
-"history-crash" (history, killed as crash is), "vectors-crash" (crash, on a table with
-deletion vectors: its updates merge-on-read, the writing tasks write the vectors too),
+"history-crash" (history, killed as crash is), "vectors-crash" (crash, on a table Spark SQL
+created with deletion vectors, the change data feed, column mapping, a CHECK constraint and a
+generated column: its updates merge-on-read, the writing tasks write the vectors and the change
+files too, under the columns' physical names, read back by Spark after every batch),
 "spark-merge-crash" (plain under
 engine = "delta-spark", its updates MERGEd by Spark from the writes the executors tagged,
 an executor JVM killed inside a tagging task in SPARK_MERGE_CRASH_BATCHES, the stream
@@ -41,8 +43,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
+from sink.lakehouse.deletion_vectors import Descriptor
 from sink.task_context import spark_local_dirs
 from tests.engines import ENGINE_OPTIONS, SMALL_TABLES_CONF
+from tests.lakehouse.spark_sql_tables import COLUMNS, FEATURE_RICH_CONSTRAINT, create, spark_rows
 from tests.oracle import (
     SCHEMA,
     Event,
@@ -164,25 +168,60 @@ ARROW_SCHEMA = pa.schema([("id", pa.string()), ("dt", pa.string()), ("ts", pa.in
                          ("v", pa.string())])
 
 
-def never_committed(uri: str) -> int:
-    """Data files under the table that no version of its log ever added (written by task
-    attempts that did not count)."""
-    added = set()
+def never_committed(uri: str) -> dict[str, int]:
+    """Files under the table that no version of its log ever referenced (written by task
+    attempts that did not count): data files (`add`), change files (`cdc`, under
+    `_change_data`) and deletion vector files (an `add`'s descriptor)."""
+    referenced = set()
     for entry in Path(uri, "_delta_log").glob("*.json"):
         for line in entry.read_text().splitlines():
             action = json.loads(line)
-            if "add" in action:
-                added.add(os.path.normpath(unquote(action["add"]["path"])))
-    on_disk = {os.path.normpath(str(p.relative_to(uri))) for p in Path(uri).rglob("*.parquet")
-               if "_delta_log" not in p.parts}
-    return len(on_disk - added)
+            for kind in ("add", "cdc"):
+                if kind in action:
+                    referenced.add(os.path.normpath(unquote(action[kind]["path"])))
+            if (vector := action.get("add", {}).get("deletionVector")) and vector["storageType"] != "i":
+                location = Descriptor.from_json(vector).file_location(uri)
+                referenced.add(os.path.normpath(os.path.relpath(location, uri)))
+    left = {"data": 0, "changes": 0, "vectors": 0}
+    for p in Path(uri).rglob("*"):
+        if "_delta_log" in p.parts or not p.is_file() or p.suffix not in (".parquet", ".bin"):
+            continue
+        if os.path.normpath(str(p.relative_to(uri))) not in referenced:
+            left["vectors" if p.suffix == ".bin" else "changes" if "_change_data" in p.parts else "data"] += 1
+    return left
 
 
-def seed_table(uri: str, events: list[Event], cdf: bool, vectors: bool = False) -> None:
-    configuration = {**({"delta.enableChangeDataFeed": "true"} if cdf else {}),
-                     **({"delta.enableDeletionVectors": "true"} if vectors else {})}
+FEATURES_COLUMNS = COLUMNS + ", amount BIGINT, g STRING GENERATED ALWAYS AS (upper(v))"
+FEATURES_PROPERTIES = ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.enableChangeDataFeed' = 'true', "
+                       "'delta.columnMapping.mode' = 'name')")
+
+
+def with_features(df):
+    """The columns the feature-rich table adds: an amount its CHECK constraint accepts, and
+    the generated column's value (Delta checks a written one, as the sink does)."""
+    from pyspark.sql import functions as F
+
+    return df.withColumn("amount", F.col("ts") % 97).withColumn("g", F.upper("v"))
+
+
+def seed_features_table(spark, uri: str, events: list[Event]) -> None:
+    """The feature-rich table without identity, created and seeded by Spark SQL."""
+    create(spark, uri, columns=FEATURES_COLUMNS, properties=FEATURES_PROPERTIES, constraint=FEATURE_RICH_CONSTRAINT)
+    with_features(spark.createDataFrame(events, SCHEMA)).write.format("delta").mode("append").save(uri)
+
+
+def features_rows(spark, uri: str) -> list[dict]:
+    """The table's rows as Spark reads them; a generated value other than Delta's is an error."""
+    table = spark.read.format("delta").load(uri)
+    wrong = table.where("NOT (g <=> upper(v)) OR amount <> ts % 97").count()
+    assert wrong == 0, f"{wrong} rows whose g or amount is not what the stream wrote"
+    return spark_rows(spark, uri)
+
+
+def seed_table(uri: str, events: list[Event], cdf: bool) -> None:
+    configuration = {"delta.enableChangeDataFeed": "true"} if cdf else None
     write_deltalake(uri, pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), partition_by=["dt"],
-                    configuration=configuration or None)
+                    configuration=configuration)
 
 
 def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch: int, num_shards: int,
@@ -212,11 +251,15 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     else:
         stream = late_batches(11, keys, batches - history, per_batch, delete_share=0.02)
         expected, rows_of = expected_rows, table_rows
+    features = name.startswith("vectors")
     if history:
         stream, seed = [seed, *stream], []
         expected, rows_of = functools.partial(expected_history, scope=scope), history_rows
+    elif features:
+        seed_features_table(spark, cfg.table_uri, seed)
+        rows_of = functools.partial(features_rows, spark)
     else:
-        seed_table(cfg.table_uri, seed, cdf=name == "cdf", vectors=name.startswith("vectors"))
+        seed_table(cfg.table_uri, seed, cdf=name == "cdf")
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
     if crash:  # the tasks that run last: tagging ones when the writes stay for Spark's MERGE
         from sink.batch import executor_tagger
@@ -237,6 +280,8 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         landing.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), landing)
         df = spark.read.schema(SCHEMA).parquet(str(landing))
+        if features:
+            df = with_features(df)
         armed = crash and b in crash_batches
         if armed:
             (work / ARMED).touch()
@@ -290,7 +335,7 @@ def main() -> None:
     # local-cluster starts executor JVMs from SPARK_HOME: the pip package directory.
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
     streams = args.streams.split(",")
-    delta = any(name.startswith("spark-merge") for name in streams)
+    delta = any(name.startswith(("spark-merge", "vectors")) for name in streams)
     spark = spark_session("sink-scaleout", args.master, delta=delta, conf={
         "spark.sql.shuffle.partitions": str(args.shards), "spark.default.parallelism": str(args.shards),
         "spark.ui.enabled": "false", "spark.executor.memory": "1g",

@@ -123,7 +123,9 @@ def test_executors_write_the_files_and_a_task_killed_with_its_executor_commits_n
     the attempts that finished, and the table stays exact. The killed attempt's files stay
     behind, never committed (VACUUM removes them). The history-crash stream does the same
     inside a history table's writing tasks, checked against the history oracle; the
-    vectors-crash stream inside merge-on-read writing tasks, which write deletion vectors too."""
+    vectors-crash stream inside merge-on-read writing tasks on a table Spark SQL created with
+    deletion vectors, the change data feed, column mapping, a CHECK constraint and a generated
+    column: the killed attempt's deletion vector and change files stay unreferenced too."""
     plain = next(s for s in two_executors if s["stream"] == "plain")
     crashes = [s for s in two_executors if s["stream"] in ("crash", "history-crash", "vectors-crash")]
     for stream in (plain, *crashes):
@@ -131,13 +133,17 @@ def test_executors_write_the_files_and_a_task_killed_with_its_executor_commits_n
         updates = "merge-on-read" if stream["stream"] == "vectors-crash" else "rewrite"
         assert {b["mode"] for b in stream["batches"]} - {"append"} == {updates}, stream["stream"]
         assert all(b["write_seconds"] > 0 for b in stream["batches"])
-    assert [b["never_committed"] for b in plain["batches"]] == [0] * len(plain["batches"])
+    nothing = {"data": 0, "changes": 0, "vectors": 0}
+    assert [b["never_committed"] for b in plain["batches"]] == [nothing] * len(plain["batches"])
     assert len(crashes) == 3
     for crash in crashes:  # type 1 copy-on-write and merge-on-read, and a history table's writing tasks
         killed = [b["batch"] for b in crash["batches"] if b["killed"]]
         assert killed == list(CRASH_BATCHES), crash["stream"]
         left = [b["never_committed"] for b in crash["batches"]]
-        assert left[: killed[0]] == [0] * killed[0] and left[killed[0]] > 0 and left[-1] > left[killed[0]]
+        assert left[: killed[0]] == [nothing] * killed[0], crash["stream"]
+        kinds = ("data", "changes", "vectors") if crash["stream"] == "vectors-crash" else ("data",)
+        for kind in kinds:
+            assert 0 < left[killed[0]][kind] < left[-1][kind], (crash["stream"], kind, left)
 
 
 def test_delta_sparks_merge_reads_the_writes_on_two_executors_one_killed_inside_a_tagging_task(two_executors):
@@ -149,7 +155,7 @@ def test_delta_sparks_merge_reads_the_writes_on_two_executors_one_killed_inside_
     assert [b["exact"] for b in stream["batches"]] == [True] * SPARK_MERGE_BATCHES
     assert [b["batch"] for b in stream["batches"] if b["killed"]] == list(SPARK_MERGE_CRASH_BATCHES)
     assert {b["mode"] for b in stream["batches"]} == {"merge"}
-    assert [b["never_committed"] for b in stream["batches"]] == [0] * len(stream["batches"])
+    assert [sum(b["never_committed"].values()) for b in stream["batches"]] == [0] * len(stream["batches"])
 
 
 @pytest.mark.parametrize("name", ["history", "global-history"])
