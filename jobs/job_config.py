@@ -8,21 +8,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs import kafka_source
 from jobs.envelopes import ENVELOPES
 from sink.config import SinkConfig, read_toml, sink_tables
 from sink.errors import ConfigError
 from sink.prepare import PARSED_FORMATS
 
-SOURCE_FORMATS = (*PARSED_FORMATS, "parquet")
+FILE_FORMATS = (*PARSED_FORMATS, "parquet")
+SOURCE_FORMATS = (*FILE_FORMATS, "kafka")
+# The keys only a Kafka source reads (jobs/kafka_source.py), with their defaults.
+KAFKA_KEYS = ("bootstrap_servers", "topics", "subscribe_pattern", "starting_offsets", "max_offsets_per_trigger",
+              "fail_on_data_loss", "value_format", "key_schema")
 
 
 @dataclass
 class SourceConfig:
-    """A landing directory of files the job streams from."""
+    """What the job streams from: a landing directory of files (`path`), or Kafka topics."""
 
-    path: str
     schema: str
     format: str = "json"
+    path: str | None = None
     max_files_per_trigger: int | None = None
     options: dict[str, str] = field(default_factory=dict)
     # JSON and CSV: read with the sink's corrupt-record column, so a record with a value that did
@@ -34,6 +39,54 @@ class SourceConfig:
     select: list[str] = field(default_factory=list)
     # A CDC envelope the job flattens first (jobs/envelopes.py): "none" or "debezium".
     envelope: str = "none"
+    # Kafka (format = "kafka"): the brokers, the topics (a list, or a Java regex), where a new
+    # query starts ("earliest", "latest" or Spark's JSON of offsets per partition), a cap on
+    # the offsets per batch, whether lost offsets fail the query, and how messages are encoded.
+    bootstrap_servers: str | None = None
+    topics: list[str] = field(default_factory=list)
+    subscribe_pattern: str | None = None
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    value_format: str = "json"
+    key_schema: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The source as log lines name it."""
+        if self.format != "kafka":
+            return str(self.path)
+        return f"kafka {','.join(self.topics) or self.subscribe_pattern} at {self.bootstrap_servers}"
+
+    def reader_options(self) -> dict[str, str]:
+        if self.format != "kafka":
+            return dict(self.options)
+        return kafka_source.reader_options(
+            bootstrap_servers=self.bootstrap_servers, topics=self.topics, subscribe_pattern=self.subscribe_pattern,
+            starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
+            fail_on_data_loss=self.fail_on_data_loss, options=self.options)
+
+    def _check_kafka(self) -> None:
+        if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers:
+            raise ConfigError("source.format = 'kafka' needs source.bootstrap_servers, e.g. "
+                              "'broker1:9092,broker2:9092'")
+        kafka_source.check_subscription(self.topics, self.subscribe_pattern)
+        if self.path is not None or self.max_files_per_trigger is not None:
+            raise ConfigError("source.path and source.max_files_per_trigger are for files: a Kafka source reads "
+                              "source.topics (or source.subscribe_pattern); cap a batch with max_offsets_per_trigger")
+        if self.value_format not in kafka_source.VALUE_FORMATS:
+            raise ConfigError(f"source.value_format = {self.value_format!r} is not accepted; accepted values: "
+                              f"{list(kafka_source.VALUE_FORMATS)}")
+        if not isinstance(self.fail_on_data_loss, bool):
+            raise ConfigError(f"source.fail_on_data_loss must be true or false, got {self.fail_on_data_loss!r}")
+        if self.max_offsets_per_trigger is not None and (
+            not isinstance(self.max_offsets_per_trigger, int) or self.max_offsets_per_trigger < 1
+        ):
+            raise ConfigError(f"source.max_offsets_per_trigger must be a positive integer, got "
+                              f"{self.max_offsets_per_trigger!r}")
+        if self.key_schema is not None and self.envelope != "none":
+            raise ConfigError("source.key_schema is for plain records: a Debezium envelope's before and after "
+                              "carry the key columns already")
 
     def __post_init__(self) -> None:
         if self.format not in SOURCE_FORMATS:
@@ -49,6 +102,17 @@ class SourceConfig:
                               f"{list(ENVELOPES)}")
         if not isinstance(self.corrupt_records, bool):
             raise ConfigError(f"source.corrupt_records must be true or false, got {self.corrupt_records!r}")
+        if self.format == "kafka":
+            self._check_kafka()
+        else:
+            if not isinstance(self.path, str) or not self.path:
+                raise ConfigError(f"source.format = {self.format!r} reads files: set source.path to their landing "
+                                  "directory")
+            given = [f.name for f in dataclasses.fields(self)
+                     if f.name in KAFKA_KEYS and getattr(self, f.name) != _default(f)]
+            if given:
+                raise ConfigError(f"source key(s) {given} are read by source.format = 'kafka' only, not "
+                                  f"{self.format!r}")
         if self.max_files_per_trigger is not None and (
             not isinstance(self.max_files_per_trigger, int) or self.max_files_per_trigger < 1
         ):
@@ -125,6 +189,10 @@ def _build(cls, values: dict[str, Any], table: str):
     if unknown:
         raise ConfigError(f"unknown {table} key(s) {unknown}; accepted keys: {sorted(known)}")
     return cls(**values)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def _resolve(value: str, base: Path) -> str:

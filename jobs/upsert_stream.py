@@ -1,4 +1,4 @@
-"""The streaming job: a landing directory of JSON/CSV/Parquet files -> UpsertSink -> Delta.
+"""The streaming job: a landing directory of JSON/CSV/Parquet files, or Kafka topics -> UpsertSink -> Delta.
 
     spark-submit jobs/upsert_stream.py --config conf/sink.toml [--once]
     python -m jobs.upsert_stream --config conf/sink.toml --trigger-seconds 30
@@ -19,6 +19,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 
 from pyspark.sql.types import StringType, StructType  # noqa: E402
 
+from jobs import kafka_source  # noqa: E402
 from jobs.envelopes import debezium_select  # noqa: E402
 from jobs.job_config import JobConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
@@ -33,12 +34,17 @@ log = logging.getLogger("jobs.upsert_stream")
 
 
 def source_schema(cfg: JobConfig) -> tuple[StructType, dict[str, str]]:
-    """The source's schema and reader options: for JSON and CSV (unless source.corrupt_records
-    is off) with the sink's corrupt-record column, which PERMISSIVE reading fills with the raw
-    text of a record that did not parse (instead of only nulling its bad values)."""
+    """The source's schema and reader options: for JSON, CSV and Kafka's JSON messages (unless
+    source.corrupt_records is off) with the sink's corrupt-record column, which PERMISSIVE
+    reading fills with the raw text of a record that did not parse (instead of only nulling
+    its bad values)."""
     src = cfg.source
     schema = StructType.fromDDL(src.schema)
-    options = dict(src.options)
+    options = src.reader_options()
+    if src.format == "kafka":
+        if src.corrupt_records and cfg.corrupt_record_column not in schema.fieldNames():
+            schema = schema.add(cfg.corrupt_record_column, StringType(), True)
+        return schema, options
     if src.format in PARSED_FORMATS and src.corrupt_records:
         name = cfg.corrupt_record_column
         if name not in schema.fieldNames():
@@ -62,10 +68,16 @@ def source_stream(spark, cfg: JobConfig):
     """The source as the sinks see it: read, its envelope flattened, selected."""
     src = cfg.source
     schema, options = source_schema(cfg)
-    reader = spark.readStream.format(src.format).schema(schema).options(**options)
-    if src.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
-    stream = reader.load(src.path)
+    if src.format == "kafka":
+        corrupt = cfg.corrupt_record_column if src.corrupt_records else None
+        stream = kafka_source.decoded(spark.readStream.format("kafka").options(**options).load(), schema,
+                                      value_format=src.value_format, key_schema=src.key_schema,
+                                      corrupt_column=corrupt)
+    else:
+        reader = spark.readStream.format(src.format).schema(schema).options(**options)
+        if src.max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
+        stream = reader.load(src.path)
     if src.envelope == "debezium":
         stream = selected(stream, debezium_select(schema), cfg.corrupt_record_column)
     return selected(stream, src.select, cfg.corrupt_record_column)
@@ -117,10 +129,11 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
                  "spark-submit's master")
     started = time.monotonic()
     delta = any(s.engine == "delta-spark" for s in cfg.sinks)
-    spark = spark_session(cfg.job.app_name, master or cfg.job.master, remote=remote, delta=delta)
+    spark = spark_session(cfg.job.app_name, master or cfg.job.master, remote=remote, delta=delta,
+                          kafka=cfg.source.format == "kafka")
     session_kind(spark).set_log_level(cfg.job.spark_log_level)
     log.info("Spark ready in %.0f s", time.monotonic() - started)
-    if "://" not in cfg.source.path:
+    if cfg.source.path and "://" not in cfg.source.path:
         Path(cfg.source.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
     sinks = [UpsertSink(s) for s in cfg.sinks]
     stream = source_stream(spark, cfg)
@@ -128,7 +141,7 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     try:
         for sink in sinks:
             queries.append(start_query(stream, cfg, sink, once, trigger_seconds))
-            log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, cfg.source.path,
+            log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, cfg.source.name,
                      sink.config.table_uri, sink.writer_id)
         if once:
             for query in queries:

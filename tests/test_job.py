@@ -134,7 +134,7 @@ def test_job_fails_before_the_first_batch_when_a_column_is_missing(spark, tmp_pa
 def test_job_config_errors_name_the_key(tmp_path):
     conf = tmp_path / "sink.toml"
     conf.write_text(CONFIG.replace('format = "json"', 'format = "avro"'))
-    accepted = r"source.format = 'avro' is not accepted; accepted values: \['json', 'csv', 'parquet'\]"
+    accepted = r"source.format = 'avro' is not accepted; accepted values: \['json', 'csv', 'parquet', 'kafka'\]"
     with pytest.raises(ConfigError, match=accepted):
         load_job_config(conf)
     conf.write_text(CONFIG.replace("max_files_per_trigger = 1", 'max_files_per_trigger = 1\nselect = "id"'))
@@ -146,6 +146,41 @@ def test_job_config_errors_name_the_key(tmp_path):
     conf.write_text(CONFIG + '\n[job]\nspark_log_level = "quiet"\n')
     with pytest.raises(ConfigError, match=r"job.spark_log_level = 'quiet' is not accepted; accepted values: "
                                           r"\['ALL', 'TRACE', 'DEBUG', 'INFO', 'WARN', 'ERROR', 'FATAL', 'OFF'\]"):
+        load_job_config(conf)
+
+
+KAFKA_SOURCE = """
+[source]
+format = "kafka"
+schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
+"""
+
+
+@pytest.mark.parametrize(("source", "error"), [
+    ("topics = ['t']", "source.format = 'kafka' needs source.bootstrap_servers"),
+    ("bootstrap_servers = 'b:9092'", "needs exactly one of source.topics .* and source.subscribe_pattern"),
+    ("bootstrap_servers = 'b:9092'\ntopics = ['t']\nsubscribe_pattern = 't.*'", "needs exactly one of"),
+    ("bootstrap_servers = 'b:9092'\ntopics = 't'", "source.topics must be a list of topic names, got 't'"),
+    ("bootstrap_servers = 'b:9092'\ntopics = ['t']\nvalue_format = 'avro'",
+     r"source.value_format = 'avro' is not accepted; accepted values: \['json', 'json-with-schema'\]"),
+    ("bootstrap_servers = 'b:9092'\ntopics = ['t']\npath = 'landing'", "source.path and source.max_files_per_trigger"),
+    ("bootstrap_servers = 'b:9092'\ntopics = ['t']\nmax_offsets_per_trigger = 0",
+     "source.max_offsets_per_trigger must be a positive integer, got 0"),
+    ("bootstrap_servers = 'b:9092'\ntopics = ['t']\nenvelope = 'debezium'\nkey_schema = 'id STRING'",
+     "source.key_schema is for plain records"),
+])
+def test_a_kafka_source_config_error_names_the_key(tmp_path, source, error):
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG.split("[source]")[0] + KAFKA_SOURCE + source + "\n")
+    with pytest.raises(ConfigError, match=error):
+        load_job_config(conf)
+
+
+def test_a_file_source_refuses_the_kafka_keys(tmp_path):
+    conf = tmp_path / "sink.toml"
+    conf.write_text(CONFIG + "topics = ['t']\nstarting_offsets = 'latest'\n")
+    with pytest.raises(ConfigError, match=r"source key\(s\) \['topics', 'starting_offsets'\] are read by "
+                                          "source.format = 'kafka' only, not 'json'"):
         load_job_config(conf)
 
 

@@ -42,9 +42,10 @@ def fetch_command() -> str:
     return f"mvn -q dependency:get -Dartifact={package()}"
 
 
-def local_jar(repository: Path | None = None) -> Path:
-    """Where Maven keeps the package's jar (in ~/.m2/repository unless told)."""
-    group, artifact, version = package().split(":")
+def local_jar(repository: Path | None = None, *, coordinate: str | None = None) -> Path:
+    """Where Maven keeps the package's jar, or another `coordinate`'s (in ~/.m2/repository
+    unless told)."""
+    group, artifact, version = (coordinate or package()).split(":")
     root = repository or Path(os.path.expanduser("~/.m2/repository"))
     return root.joinpath(*group.split("."), artifact, version, f"{artifact}-{version}.jar")
 

@@ -1,0 +1,126 @@
+"""The ready job's Kafka source (`[source] format = "kafka"`): Spark's Kafka connector, each
+message's value parsed as JSON into `source.schema`, before the envelope and `select` apply.
+
+- A message with a null value (a Kafka tombstone, which Debezium sends after a delete so that
+  compaction can drop the key) is not a record: it is left out.
+- `value_format = "json-with-schema"`: the Kafka Connect JSON converter's
+  `{"schema": ..., "payload": ...}` wrapper (`value.converter.schemas.enable = true`, its
+  default); the record is the payload.
+- A message that does not parse (not JSON, not wrapped where the wrapper is expected, a value
+  of the wrong type) goes to quarantine: the corrupt-record column holds its topic, partition,
+  offset and raw text.
+- `key_schema`: the message key parsed as JSON too (in the same value format); its fields fill
+  the record's columns of the same name where the value leaves them null, or add them.
+- Arrival order: Spark reads each topic-partition's offset range in one task, in offset order,
+  so among records of a key with equal ordering values the later offset wins (`sink.arrival`:
+  records not read from files arrive in scan order).
+
+`python -m jobs.kafka_source` prints the connector's Maven package; `--jar`, where Maven keeps
+its jar; `--fetch-command`, the command that puts it into ~/.m2, where Spark's Ivy resolves it
+(`make kafka-jars`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from importlib import metadata
+
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StringType, StructField, StructType
+
+from sink.errors import ConfigError
+from sink.keys import quoted_column
+from sink.lakehouse import spark_delta
+from sink.prepare import sql_string
+
+VALUE_FORMATS = ("json", "json-with-schema")
+# Spark's Kafka source names topics by one of these (exactly one is set).
+SUBSCRIPTIONS = ("topics", "subscribe_pattern")
+_VALUE, _PAYLOAD, _RECORD, _KEY = "__kafka_value", "__kafka_payload", "__kafka_record", "__kafka_key"
+
+
+def package() -> str:
+    """Spark's Kafka connector at the installed Spark's version (the connector's Spark classes
+    must match the running ones)."""
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{metadata.version('pyspark')}"
+
+
+def fetch_command() -> str:
+    """The command that puts the connector and its dependencies where Spark resolves them offline.
+    The dependency plugin from 3.x: 2.8 (Maven's default) also fetches test jars, some unserved."""
+    return f"mvn -q org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get -Dartifact={package()}"
+
+
+def reader_options(*, bootstrap_servers: str, topics: list[str], subscribe_pattern: str | None,
+                   starting_offsets: str, max_offsets_per_trigger: int | None, fail_on_data_loss: bool,
+                   options: dict[str, str]) -> dict[str, str]:
+    """Spark's Kafka reader options for the source's keys; `options` (`[source.options]`, e.g.
+    `kafka.security.protocol`, `kafka.sasl.jaas.config`) pass through unchanged and win."""
+    out = {"kafka.bootstrap.servers": bootstrap_servers, "startingOffsets": starting_offsets,
+           "failOnDataLoss": str(fail_on_data_loss).lower()}
+    if topics:
+        out["subscribe"] = ",".join(topics)
+    else:
+        out["subscribePattern"] = subscribe_pattern
+    if max_offsets_per_trigger is not None:
+        out["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
+    return {**out, **options}
+
+
+def check_subscription(topics: list[str], subscribe_pattern: str | None) -> None:
+    if not isinstance(topics, list) or not all(isinstance(t, str) and t for t in topics):
+        raise ConfigError(f"source.topics must be a list of topic names, got {topics!r}")
+    if bool(topics) == bool(subscribe_pattern):
+        raise ConfigError("source.format = 'kafka' needs exactly one of source.topics (a list of topic names) and "
+                          "source.subscribe_pattern (a Java regex of topic names)")
+
+
+def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema: str | None,
+            corrupt_column: str | None) -> DataFrame:
+    """The Kafka source's rows (`key`, `value`, `topic`, `partition`, `offset`, ...) as records
+    of `schema`, tombstones left out; `corrupt_column` (None: none) is added and set, for a
+    message that did not parse, to where it came from and its raw text."""
+    fields = [f for f in schema.fields if f.name != corrupt_column]
+    record = StructType([*fields, *([StructField(corrupt_column, StringType())] if corrupt_column else [])])
+    options = f"map('columnNameOfCorruptRecord', {sql_string(corrupt_column)})" if corrupt_column else "map()"
+    stream = raw.where("value IS NOT NULL").selectExpr("*", f"CAST(value AS STRING) AS {_VALUE}")
+    stream = stream.selectExpr("*", f"{_payload(_VALUE, value_format)} AS {_PAYLOAD}")
+    parsed = [f"from_json({_PAYLOAD}, {sql_string(record.simpleString())}, {options}) AS {_RECORD}"]
+    if key_schema:
+        key_type = StructType.fromDDL(key_schema)
+        parsed.append(f"from_json({_payload('CAST(key AS STRING)', value_format)}, "
+                      f"{sql_string(key_type.simpleString())}) AS {_KEY}")
+    stream = stream.selectExpr("*", *parsed)
+    keyed = {f.name for f in StructType.fromDDL(key_schema).fields} if key_schema else set()
+    columns = []
+    for f in fields:
+        q = quoted_column(f.name)
+        columns.append(f"coalesce({_RECORD}.{q}, {_KEY}.{q}) AS {q}" if f.name in keyed else f"{_RECORD}.{q} AS {q}")
+    columns += [f"{_KEY}.{quoted_column(n)} AS {quoted_column(n)}" for n in sorted(keyed - {f.name for f in fields})]
+    if corrupt_column:
+        failed = f"{_PAYLOAD} IS NULL OR {_RECORD} IS NULL OR {_RECORD}.{quoted_column(corrupt_column)} IS NOT NULL"
+        origin = f"concat('kafka topic ', topic, ' partition ', partition, ' offset ', offset, ': ', {_VALUE})"
+        columns.append(f"CASE WHEN {failed} THEN {origin} END AS {quoted_column(corrupt_column)}")
+    return stream.selectExpr(*columns)
+
+
+def _payload(text: str, value_format: str) -> str:
+    """SQL for the JSON text of a message's record: the text itself, or its converter wrapper's
+    payload (null where the message has none)."""
+    if value_format == "json":
+        return text
+    return f"from_json({text}, 'schema STRING, payload STRING').payload"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--jar", action="store_true", help="print the jar's path in ~/.m2 instead")
+    shown.add_argument("--fetch-command", action="store_true", help="print the command that fetches it instead")
+    args = parser.parse_args()
+    print(spark_delta.local_jar(coordinate=package()) if args.jar else fetch_command() if args.fetch_command
+          else package())
+
+
+if __name__ == "__main__":
+    main()
