@@ -6,7 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run submit test docs lint bench bench-quick bench-against-spark check-java test-tools delta-jars clean-data
+.PHONY: run submit test docs lint bench bench-quick bench-against-spark check-java test-tools delta-jars kafka-jars \
+	cdc-stack clean-data
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory check-java
@@ -30,7 +31,7 @@ check-java:
 run: $(STAMP)
 	$(PY) -m jobs.demo $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
-test: $(STAMP) test-tools delta-jars
+test: $(STAMP) test-tools delta-jars cdc-stack
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest -q
 	@echo "the tests marked connect again, through a Spark Connect server started by the docs' recipe (a process holds one kind of session)"
@@ -58,6 +59,29 @@ delta-jars: $(STAMP)
 			"apt-get install maven, then: $$($(PY) -m sink.lakehouse.spark_delta --fetch-command)"; exit 1; }; \
 		echo "fetching $$($(PY) -m sink.lakehouse.spark_delta) and its dependencies into ~/.m2"; \
 		$$($(PY) -m sink.lakehouse.spark_delta --fetch-command); fi
+
+# Spark's Kafka connector at the installed Spark's version into ~/.m2, as Delta's jars: the job's
+# `[source] format = "kafka"` (jobs/kafka_source.py).
+kafka-jars: $(STAMP)
+	@if [ ! -f "$$($(PY) -m jobs.kafka_source --jar)" ]; then \
+		echo "fetching $$($(PY) -m jobs.kafka_source) and its dependencies into ~/.m2"; \
+		$$($(PY) -m jobs.kafka_source --fetch-command); fi
+
+# What the Kafka tests start (tests/cdc_stack): the classpaths of a Kafka broker and of a Kafka
+# Connect worker with Debezium's PostgreSQL connector (resolved by Maven into ~/.m2), Spark's
+# Kafka connector, and Debian's PostgreSQL server.
+CDC_STACK := $(VENV)/cdc-stack
+cdc-stack: kafka-jars $(CDC_STACK)/broker.classpath $(CDC_STACK)/connect.classpath
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's postgresql package for the Kafka tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+		else echo "error: the Kafka tests need PostgreSQL's server: apt-get install postgresql"; exit 1; fi; }
+
+$(CDC_STACK)/%.classpath: tests/cdc_stack/%/pom.xml $(STAMP)
+	@mkdir -p $(CDC_STACK)
+	@echo "resolving $< into ~/.m2"
+	mvn -q -f $< dependency:build-classpath -Dmdep.outputFile=$(abspath $@)
 
 # The ready job under the venv's spark-submit (the pip pyspark needs SPARK_HOME, and the
 # driver must run the venv's Python), on conf/sink.toml: what is in the landing dir, then stop.

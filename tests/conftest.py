@@ -62,7 +62,7 @@ def spark(request):
         session = spark_session("sink-connect-tests", remote=server.url, delta=True)
         assert is_connect(session)
     else:
-        session = spark_session("sink-tests", master="local[2]", conf=SESSION_CONF, delta=True)
+        session = spark_session("sink-tests", master="local[2]", conf=SESSION_CONF, delta=True, kafka=True)
         session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -1,0 +1,182 @@
+"""The real components of the Kafka tests, started by the tests themselves: a single-node Kafka
+broker in KRaft mode (`kafka.Kafka` from `org.apache.kafka:kafka_2.13`), PostgreSQL from
+Debian's packages with logical decoding, and Debezium's PostgreSQL connector in a Kafka Connect
+standalone worker. `make cdc-stack` resolves the Java classpaths (broker/pom.xml,
+connect/pom.xml) into CLASSPATHS and installs PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.connect_server import wait_for_port
+from tests.ops.test_metrics import free_port
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CLASSPATHS = ROOT / ".venv" / "cdc-stack"
+
+
+class StackNotInstalledError(RuntimeError):
+    """A component the Kafka tests start is not installed: `make cdc-stack` installs them."""
+
+
+def classpath(name: str) -> str:
+    path = CLASSPATHS / f"{name}.classpath"
+    if not path.exists():
+        raise StackNotInstalledError(f"{path} is missing: run `make cdc-stack` (it resolves "
+                                     f"tests/cdc_stack/{name}/pom.xml)")
+    return path.read_text().strip()
+
+
+def java(classpath_name: str, main: str, *args: str, heap: str = "512m") -> list[str]:
+    return ["java", f"-Xmx{heap}", "-Dlog4j2.level=WARN", "-cp", classpath(classpath_name), main, *args]
+
+
+@dataclass
+class KafkaBroker:
+    """One KRaft node, broker and controller in one JVM, its data under `directory`."""
+
+    directory: Path
+    port: int
+    process: subprocess.Popen | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, directory: Path) -> KafkaBroker:
+        directory.mkdir(parents=True, exist_ok=True)
+        broker = cls(directory, free_port())
+        controller = free_port()
+        (directory / "server.properties").write_text("\n".join([
+            "process.roles=broker,controller", "node.id=1", f"controller.quorum.voters=1@127.0.0.1:{controller}",
+            f"listeners=PLAINTEXT://127.0.0.1:{broker.port},CONTROLLER://127.0.0.1:{controller}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{broker.port}", "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={directory / 'data'}", "num.partitions=1", "offsets.topic.replication.factor=1",
+            "transaction.state.log.replication.factor=1", "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1", "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0", "",
+        ]))
+        subprocess.run(java("broker", "kafka.tools.StorageTool", "format", "-t", _kafka_uuid(), "-c",
+                            str(directory / "server.properties")), check=True, capture_output=True, timeout=120)
+        broker.run()
+        return broker
+
+    def run(self) -> None:
+        """Start the broker process on its formatted data (again, after `stop`)."""
+        log = self.directory / "broker.log"
+        with open(log, "a") as out:
+            self.process = subprocess.Popen(java("broker", "kafka.Kafka", str(self.directory / "server.properties")),
+                                            stdout=out, stderr=subprocess.STDOUT)
+        wait_for_port(self.port, self.process, timeout_s=120)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+
+
+def _kafka_uuid() -> str:
+    """A cluster id as Kafka writes them: 16 random bytes, URL-safe base64 without padding."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def postgres_bin() -> Path:
+    """Debian's PostgreSQL server programs (not on PATH): the newest installed version's."""
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    if not versions:
+        raise StackNotInstalledError("PostgreSQL's server is not installed (/usr/lib/postgresql/*/bin/initdb): run "
+                                     "`make cdc-stack` (apt-get install postgresql)")
+    return versions[-1].parent
+
+
+@dataclass
+class Postgres:
+    """A PostgreSQL server with logical decoding (`wal_level = logical`), trusting local
+    connections, its cluster under `directory`. As root it runs as Debian's `postgres` user (the
+    server refuses root), which must reach `directory`: pytest's are root's alone."""
+
+    directory: Path
+    port: int
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    @classmethod
+    def start(cls, directory: Path) -> Postgres:
+        directory.mkdir(parents=True, exist_ok=True)
+        server = cls(directory, free_port())
+        if os.getuid() == 0:
+            shutil.chown(directory, "postgres")
+        server._run("initdb", "-D", str(directory / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                    "--no-sync")
+        settings = {"wal_level": "logical", "max_wal_senders": 4, "max_replication_slots": 4, "port": server.port,
+                    "listen_addresses": "127.0.0.1", "unix_socket_directories": str(directory), "fsync": "off"}
+        options = " ".join(f"-c {k}={v}" for k, v in settings.items())
+        server._run("pg_ctl", "-D", str(directory / "data"), "-l", str(directory / "server.log"), "-o", options,
+                    "-w", "start")
+        return server
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.directory / "data"), "-m", "fast", "-w", "stop")
+
+    def _run(self, program: str, *args: str) -> None:
+        command = [str(postgres_bin() / program), *args]
+        if os.getuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.directory)
+        if done.returncode:
+            raise RuntimeError(f"{program} exited with {done.returncode}: {done.stderr[-2000:]}")
+
+
+@dataclass
+class Debezium:
+    """Debezium's PostgreSQL connector (pgoutput) in a Kafka Connect standalone worker, writing
+    change events of `tables` to topics `<prefix>.<schema>.<table>` with the JSON converter
+    (its schema wrapper on: `value.converter.schemas.enable`)."""
+
+    directory: Path
+    process: subprocess.Popen
+    port: int
+
+    @classmethod
+    def start(cls, directory: Path, broker: KafkaBroker, postgres: Postgres, *, tables: list[str],
+              prefix: str = "cdc") -> Debezium:
+        directory.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        (directory / "worker.properties").write_text("\n".join([
+            f"bootstrap.servers={broker.bootstrap_servers}",
+            "key.converter=org.apache.kafka.connect.json.JsonConverter",
+            "value.converter=org.apache.kafka.connect.json.JsonConverter",
+            f"offset.storage.file.filename={directory / 'offsets'}", "offset.flush.interval.ms=1000",
+            f"listeners=http://127.0.0.1:{port}", "",
+        ]))
+        (directory / "connector.properties").write_text("\n".join([
+            "name=pg", "connector.class=io.debezium.connector.postgresql.PostgresConnector",
+            "database.hostname=127.0.0.1", f"database.port={postgres.port}", "database.user=postgres",
+            "database.password=postgres", "database.dbname=postgres", f"topic.prefix={prefix}",
+            "plugin.name=pgoutput", f"table.include.list={','.join(tables)}", "slot.name=sink_tests",
+            "publication.autocreate.mode=filtered", "decimal.handling.mode=string", "",
+        ]))
+        log = directory / "connect.log"
+        with open(log, "a") as out:
+            process = subprocess.Popen(
+                java("connect", "org.apache.kafka.connect.cli.ConnectStandalone", str(directory / "worker.properties"),
+                     str(directory / "connector.properties")), stdout=out, stderr=subprocess.STDOUT)
+        wait_for_port(port, process, timeout_s=180)
+        return cls(directory, process, port)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)

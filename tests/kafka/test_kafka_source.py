@@ -1,0 +1,181 @@
+"""The ready job on Kafka topics of a real broker: JSON records and Debezium envelopes produced
+with a Kafka client, read by Spark's Kafka connector, equal to the oracle."""
+
+import json
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from deltalake import DeltaTable
+
+import jobs.upsert_stream
+from jobs.upsert_stream import run
+from sink import UpsertSink
+from tests.oracle import expected_rows, random_batches
+
+pytestmark = pytest.mark.spark
+
+MALFORMED = b"{not json"
+
+
+def create_topic(broker, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)]).values():
+        future.result(timeout=60)
+
+
+def produce(broker, topic: str, messages: list[tuple[str | None, bytes | None]]) -> list[tuple[int, int]]:
+    """Each (key, value) in order, acknowledged by the broker; their (partition, offset)."""
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True})
+    placed = [None] * len(messages)
+
+    def delivered(i, err, msg):
+        assert err is None, err
+        placed[i] = (msg.partition(), msg.offset())
+
+    for i, (key, value) in enumerate(messages):
+        producer.produce(topic, key=key, value=value, on_delivery=lambda err, msg, i=i: delivered(i, err, msg))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return placed
+
+
+def job_config(tmp_path: Path, broker, topic: str, *, source: str, sink: str = "") -> Path:
+    conf = tmp_path / "sink.toml"
+    conf.write_text(f"""
+[sink]
+table_uri = "data/table"
+key = ["id"]
+delete_when = "op = 'd'"
+checkpoint_dir = "data/checkpoint"
+index_dir = "data/index"
+metrics_port = 0
+{sink}
+
+[source]
+format = "kafka"
+bootstrap_servers = "{broker.bootstrap_servers}"
+topics = ["{topic}"]
+{source}
+""")
+    return conf
+
+
+def table_rows(uri: str, columns: list[str]) -> list[dict]:
+    rows = DeltaTable(uri).to_pyarrow_table(columns=columns).to_pylist()
+    return sorted(rows, key=lambda r: (r["dt"], r["id"]))
+
+
+def quarantined(uri: str) -> list[tuple[str, str]]:
+    rows = DeltaTable(f"{uri}_quarantine").to_pyarrow_table(columns=["_corrupt_record", "_quarantine_reason"])
+    return sorted((r["_corrupt_record"] or "", r["_quarantine_reason"]) for r in rows.to_pylist())
+
+
+class RestartingBroker(UpsertSink):
+    """A sink that restarts the broker once, after its batch `AFTER`: the query's next batch
+    reads from a broker that went away and came back."""
+
+    AFTER = 1
+    broker = None
+
+    def __call__(self, df, batch_id):
+        super().__call__(df, batch_id)
+        if batch_id == self.AFTER and self.broker.process.poll() is None:
+            self.broker.stop()
+            self.broker.run()
+
+
+def test_json_records_from_kafka_equal_the_oracle_through_restarts_a_broker_restart_and_a_replay(
+        spark, kafka_broker, tmp_path, monkeypatch):
+    """Records keyed by their id, so a key's records share a partition and its offsets give
+    their arrival: among equal orderings the later one wins. Tombstones (null values) are not
+    records; a message that is not JSON is quarantined with its topic, partition and offset."""
+    topic = "json-events"
+    create_topic(kafka_broker, topic, partitions=3)
+    batches = random_batches(21, batches=4, per_batch=300)
+    conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "ts"\npartition_by = ["dt"]',
+                      source='schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"\n'
+                             "max_offsets_per_trigger = 250")
+    uri = str(tmp_path / "data" / "table")
+
+    def send(events):
+        messages = [(e.id, json.dumps(e._asdict()).encode()) for e in events]
+        messages += [(e.id, None) for e in events[:5] if e.op == "d"]  # as Debezium follows a delete
+        return produce(kafka_broker, topic, messages)
+
+    for events in batches[:2]:
+        send(events)
+    (malformed_at,) = produce(kafka_broker, topic, [("k1", MALFORMED)])
+    monkeypatch.setattr(RestartingBroker, "broker", kafka_broker)
+    monkeypatch.setattr(jobs.upsert_stream, "UpsertSink", RestartingBroker)
+    (first,) = run(str(conf), once=True)
+    assert len(first.reports) >= 3  # 1200+ offsets, 250 a batch at most: the broker restarted mid-stream
+    assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == expected_rows(batches[:2])
+    partition, offset = malformed_at
+    corrupt = f"kafka topic {topic} partition {partition} offset {offset}: {MALFORMED.decode()}"
+    bad = [e for b in batches[:2] for e in b if e.id is None]
+    assert quarantined(uri) == sorted([(corrupt, next(r for c, r in quarantined(uri) if c == corrupt)),
+                                       *(("", "null key column id") for _ in bad)])
+    assert next(r for c, r in quarantined(uri) if c == corrupt).startswith("corrupt record")
+
+    monkeypatch.undo()
+    for events in batches[2:]:
+        send(events)
+    (second,) = run(str(conf), once=True)  # a restart: the query goes on from its checkpoint
+    assert second.reports[0].batch_id == first.reports[-1].batch_id + 1
+    assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == expected_rows(batches)
+
+    # The last batch ran but its commit was not recorded (a crash between the two): Spark runs
+    # it again on the next start, with the same offsets; the sink skips what the table has.
+    last = second.reports[-1].batch_id
+    commits = Path(tmp_path, "data", "checkpoint", "commits")
+    for name in (str(last), f".{last}.crc"):
+        (commits / name).unlink()
+    (replay,) = run(str(conf), once=True)
+    assert [(r.batch_id, r.mode) for r in replay.reports] == [(last, "skipped")]
+    assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == expected_rows(batches)
+
+
+def debezium_event(op: str, row: dict, lsn: int, *, before: dict | None = None) -> bytes:
+    """A Debezium change event of PostgreSQL as the JSON converter writes it with its schema
+    (the schema abridged: the job reads the payload)."""
+    payload = {"before": before if op in ("u", "d") else None, "after": None if op == "d" else row, "op": op,
+               "ts_ms": 1_700_000_000_000 + lsn, "source": {"lsn": lsn, "snapshot": "true" if op == "r" else "false"}}
+    return json.dumps({"schema": {"type": "struct", "optional": False, "name": "cdc.Envelope"},
+                       "payload": payload}).encode()
+
+
+def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newer_changes(
+        spark, kafka_broker, tmp_path):
+    """Snapshot reads (op r) sent after the change events of the same rows, as when a
+    connector's snapshot overlaps the stream: the lower LSN loses. A delete's tombstone is
+    no record; a message without the converter's wrapper is quarantined."""
+    topic = "produced.public.orders"
+    create_topic(kafka_broker, topic, partitions=2)
+    rows = {i: {"id": f"o{i}", "dt": f"2025-01-0{1 + i % 3}", "v": f"v{i}"} for i in range(12)}
+    messages = []
+    for i, row in rows.items():  # creates at lsn 100+i, then an update of every other row
+        messages.append((row["id"], debezium_event("c", row, 100 + i)))
+    for i in range(0, 12, 2):
+        messages.append((rows[i]["id"], debezium_event("u", {**rows[i], "v": f"new{i}"}, 200 + i, before=rows[i])))
+    for i in (3, 7):  # deletes (the default replica identity: `before` holds the key) and their tombstones
+        messages += [(rows[i]["id"], debezium_event("d", {}, 300 + i, before={"id": rows[i]["id"],
+                                                                                "dt": rows[i]["dt"]})),
+                     (rows[i]["id"], None)]
+    for row in rows.values():  # a snapshot of the rows as they were at LSN 150: older than what came since
+        messages.append((row["id"], debezium_event("r", row, 150)))
+    messages.append(("o0", json.dumps({"op": "c", "after": rows[0]}).encode()))  # no wrapper
+    produce(kafka_broker, topic, messages)
+    conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "lsn"\npartition_by = ["dt"]',
+                      source='schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, '
+                             'before STRUCT<id: STRING, dt: STRING, v: STRING>, '
+                             'after STRUCT<id: STRING, dt: STRING, v: STRING>"\n'
+                             'envelope = "debezium"\nvalue_format = "json-with-schema"')
+    run(str(conf), once=True)
+    uri = str(tmp_path / "data" / "table")
+    expected = [{"id": r["id"], "dt": r["dt"], "v": f"new{i}" if i % 2 == 0 else r["v"],
+                 "lsn": 200 + i if i % 2 == 0 else 150} for i, r in rows.items() if i not in (3, 7)]
+    assert table_rows(uri, ["id", "dt", "v", "lsn"]) == sorted(expected, key=lambda r: (r["dt"], r["id"]))
+    (reason,) = [r for c, r in quarantined(uri) if c.startswith(f"kafka topic {topic} partition ")]
+    assert reason.startswith("corrupt record")
