@@ -10,7 +10,7 @@ from typing import Any
 
 from jobs import kafka_source
 from jobs.envelopes import ENVELOPES
-from sink.config import SinkConfig, read_toml, sink_tables
+from sink.config import SINK_SOURCE, SinkConfig, read_toml, sink_tables, without_source
 from sink.errors import ConfigError
 from sink.prepare import PARSED_FORMATS
 
@@ -144,8 +144,10 @@ class JobSettings:
 
 @dataclass
 class JobConfig:
-    sinks: list[SinkConfig]  # one query each, from the one source
-    source: SourceConfig
+    sinks: list[SinkConfig]  # one query each
+    # Each sink's source: `[source]` with its table's `[sink.source]` keys over it (a topic and
+    # schema of its own, say).
+    sources: list[SourceConfig]
     job: JobSettings
 
     def __post_init__(self) -> None:
@@ -161,6 +163,11 @@ class JobConfig:
                               "one source is read with one corrupt-record column; name the same in every table")
 
     @property
+    def source(self) -> SourceConfig:
+        """The first table's source: every table's where none has a `[sink.source]`."""
+        return self.sources[0]
+
+    @property
     def corrupt_record_column(self) -> str:
         """The source's corrupt-record column, the one every sink quarantines on."""
         return self.sinks[0].corrupt_record_column
@@ -174,13 +181,22 @@ def load_job_config(path: str | Path) -> JobConfig:
     if "source" not in doc:
         raise ConfigError(f"{path}: no [source] table")
     source = dict(doc["source"])
-    if "path" in source:
-        source["path"] = _resolve(source["path"], base)
+    overrides = [s.get(SINK_SOURCE, {}) for s in sinks]
     return JobConfig(
-        sinks=[SinkConfig.from_dict(s, base_dir=base) for s in sinks],
-        source=_build(SourceConfig, source, "source"),
+        sinks=[SinkConfig.from_dict(without_source(s), base_dir=base) for s in sinks],
+        sources=[_source({**source, **o}, base, f"source (with [sink.source] of table {i})" if o else "source")
+                 for i, o in enumerate(overrides)],
         job=_build(JobSettings, doc.get("job", {}), "job"),
     )
+
+
+def _source(values: dict[str, Any], base: Path, table: str) -> SourceConfig:
+    if values.get("path"):
+        values = {**values, "path": _resolve(values["path"], base)}
+    try:
+        return _build(SourceConfig, values, "source")
+    except ConfigError as e:
+        raise ConfigError(f"{table}: {e}" if table != "source" else str(e)) from None
 
 
 def _build(cls, values: dict[str, Any], table: str):

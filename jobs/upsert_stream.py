@@ -21,7 +21,7 @@ from pyspark.sql.types import StringType, StructType  # noqa: E402
 
 from jobs import kafka_source  # noqa: E402
 from jobs.envelopes import debezium_select  # noqa: E402
-from jobs.job_config import JobConfig, load_job_config  # noqa: E402
+from jobs.job_config import JobConfig, SourceConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import UpsertSink  # noqa: E402
 from sink.config_sections import ENGINES  # noqa: E402
@@ -33,12 +33,12 @@ from sink.session import session_kind  # noqa: E402
 log = logging.getLogger("jobs.upsert_stream")
 
 
-def source_schema(cfg: JobConfig) -> tuple[StructType, dict[str, str]]:
+def source_schema(cfg: JobConfig, src: SourceConfig | None = None) -> tuple[StructType, dict[str, str]]:
     """The source's schema and reader options: for JSON, CSV and Kafka's JSON messages (unless
     source.corrupt_records is off) with the sink's corrupt-record column, which PERMISSIVE
     reading fills with the raw text of a record that did not parse (instead of only nulling
-    its bad values)."""
-    src = cfg.source
+    its bad values). `src`: a table's source (default: `[source]`)."""
+    src = src or cfg.source
     schema = StructType.fromDDL(src.schema)
     options = src.reader_options()
     if src.format == "kafka":
@@ -64,10 +64,11 @@ def selected(stream, select: list[str], corrupt_column: str):
     return out
 
 
-def source_stream(spark, cfg: JobConfig):
-    """The source as the sinks see it: read, its envelope flattened, selected."""
-    src = cfg.source
-    schema, options = source_schema(cfg)
+def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None):
+    """A source as its sink sees it: read, its envelope flattened, selected (`src`: a table's
+    source, default `[source]`)."""
+    src = src or cfg.source
+    schema, options = source_schema(cfg, src)
     if src.format == "kafka":
         corrupt = cfg.corrupt_record_column if src.corrupt_records else None
         stream = kafka_source.decoded(spark.readStream.format("kafka").options(**options).load(), schema,
@@ -130,18 +131,18 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     started = time.monotonic()
     delta = any(s.engine == "delta-spark" for s in cfg.sinks)
     spark = spark_session(cfg.job.app_name, master or cfg.job.master, remote=remote, delta=delta,
-                          kafka=cfg.source.format == "kafka")
+                          kafka=any(src.format == "kafka" for src in cfg.sources))
     session_kind(spark).set_log_level(cfg.job.spark_log_level)
     log.info("Spark ready in %.0f s", time.monotonic() - started)
-    if cfg.source.path and "://" not in cfg.source.path:
-        Path(cfg.source.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
+    for src in cfg.sources:
+        if src.path and "://" not in src.path:
+            Path(src.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
     sinks = [UpsertSink(s) for s in cfg.sinks]
-    stream = source_stream(spark, cfg)
     queries = []
     try:
-        for sink in sinks:
-            queries.append(start_query(stream, cfg, sink, once, trigger_seconds))
-            log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, cfg.source.name,
+        for sink, src in zip(sinks, cfg.sources):
+            queries.append(start_query(source_stream(spark, cfg, src), cfg, sink, once, trigger_seconds))
+            log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, src.name,
                      sink.config.table_uri, sink.writer_id)
         if once:
             for query in queries:

@@ -220,7 +220,7 @@ class SinkConfig:
             if chosen is None:
                 raise ConfigError(f"{path} has no [[sink]] table {table!r}; its tables: "
                                   f"{[t.get('table_uri') for t in tables]} (or their positions from 0)")
-        return cls.from_dict(chosen, base_dir=Path(path).resolve().parent)
+        return cls.from_dict(without_source(chosen), base_dir=Path(path).resolve().parent)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], base_dir: Path | None = None) -> SinkConfig:
@@ -375,6 +375,16 @@ class SinkConfig:
 
 _PATH_KEYS = ("table_uri", "checkpoint_dir", "index_dir", "quarantine_table_uri", "tombstone_table_uri",
               "changelog_uri")
+
+
+# A sink table's own `[sink.source]`: the ready job's source keys for that table's query
+# (jobs/job_config.py); not the sink's.
+SINK_SOURCE = "source"
+
+
+def without_source(table: dict[str, Any]) -> dict[str, Any]:
+    """A sink table's keys but its `[sink.source]`."""
+    return {k: v for k, v in table.items() if k != SINK_SOURCE}
 
 
 def sink_tables(doc: dict[str, Any], path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 
 from jobs.job_config import SOURCE_FORMATS, load_job_config
 from jobs.upsert_stream import run
-from sink import SchemaError
+from sink import SchemaError, SinkConfig
 from sink.errors import ConfigError
 from sink.lakehouse import log_commit
 from tests.lakehouse.spark_sql_tables import FEATURE_RICH_REASON, amount_of, create_feature_rich
@@ -181,6 +181,31 @@ def test_a_file_source_refuses_the_kafka_keys(tmp_path):
     conf.write_text(CONFIG + "topics = ['t']\nstarting_offsets = 'latest'\n")
     with pytest.raises(ConfigError, match=r"source key\(s\) \['topics', 'starting_offsets'\] are read by "
                                           "source.format = 'kafka' only, not 'json'"):
+        load_job_config(conf)
+
+
+def test_each_table_may_read_a_source_of_its_own_which_the_cli_leaves_to_the_job(tmp_path):
+    conf = tmp_path / "sink.toml"
+    sink = CONFIG.split("[sink]")[1].split("[source]")[0]
+    conf.write_text(f"""
+[[sink]]{sink.replace('data/table', 'data/orders').replace('data/checkpoint', 'data/orders_checkpoint')}
+[sink.source]
+topics = ["cdc.public.orders"]
+schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING, amount BIGINT"
+
+[[sink]]{sink}
+[sink.source]
+topics = ["cdc.public.customers"]
+{KAFKA_SOURCE}bootstrap_servers = "b:9092"
+""")
+    cfg = load_job_config(conf)
+    assert [s.topics for s in cfg.sources] == [["cdc.public.orders"], ["cdc.public.customers"]]
+    assert [s.schema.endswith("amount BIGINT") for s in cfg.sources] == [True, False]
+    assert {s.bootstrap_servers for s in cfg.sources} == {"b:9092"}
+    assert SinkConfig.from_file(conf, "1").table_uri == str(tmp_path / "data" / "table")
+    conf.write_text(conf.read_text().replace('topics = ["cdc.public.customers"]', 'value_format = "avro"'))
+    with pytest.raises(ConfigError, match=r"source \(with \[sink.source\] of table 1\): source.format = 'kafka' "
+                                          "needs exactly one of source.topics"):
         load_job_config(conf)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from tests.connect_server import wait_for_port
 from tests.ops.test_metrics import free_port
 
+SLOT = "sink_tests"  # Debezium's replication slot
 ROOT = Path(__file__).resolve().parent.parent.parent
 CLASSPATHS = ROOT / ".venv" / "cdc-stack"
 
@@ -165,7 +167,7 @@ class Debezium:
             "name=pg", "connector.class=io.debezium.connector.postgresql.PostgresConnector",
             "database.hostname=127.0.0.1", f"database.port={postgres.port}", "database.user=postgres",
             "database.password=postgres", "database.dbname=postgres", f"topic.prefix={prefix}",
-            "plugin.name=pgoutput", f"table.include.list={','.join(tables)}", "slot.name=sink_tests",
+            "plugin.name=pgoutput", f"table.include.list={','.join(tables)}", f"slot.name={SLOT}",
             "publication.autocreate.mode=filtered", "decimal.handling.mode=string", "",
         ]))
         log = directory / "connect.log"
@@ -174,7 +176,26 @@ class Debezium:
                 java("connect", "org.apache.kafka.connect.cli.ConnectStandalone", str(directory / "worker.properties"),
                      str(directory / "connector.properties")), stdout=out, stderr=subprocess.STDOUT)
         wait_for_port(port, process, timeout_s=180)
-        return cls(directory, process, port)
+        debezium = cls(directory, process, port)
+        debezium.wait_streaming(postgres, timeout_s=180)
+        return debezium
+
+    def wait_streaming(self, postgres: Postgres, timeout_s: float) -> None:
+        """Until the connector streams changes (its snapshot done): its replication slot has an
+        active connection. Before, the worker listens but a change could still fall into the
+        snapshot."""
+        import psycopg
+
+        deadline = time.monotonic() + timeout_s
+        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                assert self.process.poll() is None, f"the Connect worker exited; log {self.directory / 'connect.log'}"
+                if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
+                                (SLOT,)).fetchone():
+                    return
+                time.sleep(0.2)
+        raise TimeoutError(f"Debezium's slot {SLOT} was not streaming within {timeout_s} s; log "
+                           f"{self.directory / 'connect.log'}")
 
     def stop(self) -> None:
         if self.process.poll() is None:

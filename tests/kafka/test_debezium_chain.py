@@ -1,86 +1,133 @@
 """The whole chain with real components: DML on PostgreSQL, captured by Debezium's connector
-(pgoutput) in Kafka Connect, streamed by the ready job from Kafka into Delta. At quiescence the
-Delta table equals `SELECT * FROM` the PostgreSQL table, column by column."""
+(pgoutput) in Kafka Connect, streamed by the ready job from Kafka into Delta, a table per
+topic in one job. At quiescence each Delta table equals `SELECT * FROM` its PostgreSQL table,
+column by column."""
 
 import random
 import time
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from deltalake import DeltaTable
 
 from jobs.upsert_stream import run
 from tests.cdc_stack import Debezium
-from tests.kafka.test_kafka_source import job_config
 
 pytestmark = pytest.mark.spark
 
-TABLE = "orders"
-TOPIC = f"cdc.public.{TABLE}"
-SENTINEL = -1  # the workload's last row: once its event is in Kafka, so are all before it
-COLUMNS = ["id", "note", "amount"]
+# Per table: its PostgreSQL columns, its Spark schema in Debezium's JSON (NUMERIC as text:
+# decimal.handling.mode = string), a random value for its non-key columns.
+TABLES = {
+    "orders": ("id INT PRIMARY KEY, note TEXT, amount NUMERIC(10, 2)", "id INT, note STRING, amount STRING",
+               lambda rng: (f"n{rng.randrange(1000)}", rng.randrange(10_000) / 100)),
+    "customers": ("id INT PRIMARY KEY, name TEXT, city TEXT", "id INT, name STRING, city STRING",
+                  lambda rng: (f"c{rng.randrange(1000)}", rng.choice(["Oslo", "Lyon", None]))),
+}
+def column_names(table: str) -> list[str]:
+    return [c.split()[0] for c in TABLES[table][1].split(", ")]
+
+
+SENTINEL = -1  # each table's last row: once its event is in Kafka, so are all before it
 
 
 def random_workload(conn, rng: random.Random, statements: int, first_id: int) -> None:
-    """Inserts, updates, deletes and primary key changes, alone or several in one transaction."""
+    """Inserts, updates, deletes and primary key changes over both tables, alone or several in
+    one transaction (which may span both tables)."""
     next_id = first_id
     for _ in range(statements):
         with conn.transaction():
             for _ in range(rng.choice([1, 1, 1, 3])):
-                ids = [r[0] for r in conn.execute(f"SELECT id FROM {TABLE} WHERE id >= 0")]
+                table = rng.choice(list(TABLES))
+                values = TABLES[table][2](rng)
+                ids = [r[0] for r in conn.execute(f"SELECT id FROM {table} WHERE id >= 0")]
                 kind = rng.random()
                 if kind < 0.35 or not ids:
-                    conn.execute(f"INSERT INTO {TABLE} VALUES (%s, %s, %s)",
-                                 (next_id, f"n{next_id}", rng.randrange(10_000) / 100))
+                    conn.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (next_id, *values))
                     next_id += 1
                 elif kind < 0.75:
-                    conn.execute(f"UPDATE {TABLE} SET note = %s, amount = amount + 1 WHERE id = %s",
-                                 (f"u{rng.randrange(1000)}", rng.choice(ids)))
+                    columns = column_names(table)[1:]
+                    conn.execute(f"UPDATE {table} SET {columns[0]} = %s, {columns[1]} = %s WHERE id = %s",
+                                 (*values, rng.choice(ids)))
                 elif kind < 0.9:
-                    conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (rng.choice(ids),))
+                    conn.execute(f"DELETE FROM {table} WHERE id = %s", (rng.choice(ids),))
                 else:  # a new primary key: Debezium sends a delete of the old key and a create of the new
-                    conn.execute(f"UPDATE {TABLE} SET id = %s WHERE id = %s", (next_id, rng.choice(ids)))
+                    conn.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (next_id, rng.choice(ids)))
                     next_id += 1
 
 
-def wait_for_sentinel(bootstrap_servers: str, timeout_s: float = 180) -> None:
-    """Until the sentinel row's create is in the topic (bounded by the capture's own pace)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"sentinel-{time.time_ns()}",
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([TOPIC])
+def wait_for_sentinels(bootstrap_servers: str, topics: list[str], timeout_s: float = 180) -> None:
+    """Until every table's sentinel row is in its topic (bounded by the capture's own pace)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "sentinels"})
+    waiting = set(topics)
     deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline:
+        while True:  # the topics appear with the connector's first events
+            known = consumer.list_topics(timeout=10).topics
+            if all(t in known for t in topics) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in known[t].partitions])
+        while waiting and time.monotonic() < deadline:
             message = consumer.poll(1.0)
             if message is not None and message.error() is None and message.key() and \
                     b'"payload":{"id":%d}' % SENTINEL in message.key():
-                return
-        raise TimeoutError(f"the sentinel row's event did not reach {TOPIC} within {timeout_s} s")
+                waiting.discard(message.topic())
+        assert not waiting, f"the sentinel rows' events did not reach {sorted(waiting)} within {timeout_s} s"
     finally:
         consumer.close()
 
 
-def test_postgres_through_debezium_and_kafka_equals_the_source_table(spark, kafka_broker, postgres, tmp_path):
+def job_config(tmp_path, bootstrap_servers: str) -> str:
+    """One [[sink]] per table, each reading its own topic with its own schema."""
+    sinks = "".join(f"""
+[[sink]]
+table_uri = "data/{table}"
+key = ["id"]
+ordering = "lsn"
+delete_when = "op = 'd'"
+checkpoint_dir = "data/{table}_checkpoint"
+index_dir = "data/index"
+metrics_port = 0
+
+[sink.source]
+topics = ["cdc.public.{table}"]
+schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, before STRUCT<{row}>, after STRUCT<{row}>"
+""" for table, (_, row, _) in TABLES.items())
+    conf = tmp_path / "sink.toml"
+    conf.write_text(sinks + f"""
+[source]
+format = "kafka"
+bootstrap_servers = "{bootstrap_servers}"
+schema = "op STRING"
+envelope = "debezium"
+value_format = "json-with-schema"
+""")
+    return str(conf)
+
+
+def test_postgres_through_debezium_and_kafka_equals_the_source_tables(spark, kafka_broker, postgres, tmp_path):
     rng = random.Random(54)
     conn = psycopg.connect(postgres.dsn, autocommit=True)
-    conn.execute(f"CREATE TABLE {TABLE} (id INT PRIMARY KEY, note TEXT, amount NUMERIC(10, 2))")
-    random_workload(conn, rng, statements=80, first_id=0)  # rows there before the connector: its snapshot reads
-    debezium = Debezium.start(tmp_path / "connect", kafka_broker, postgres, tables=[f"public.{TABLE}"])
+    for table, (columns, _, _) in TABLES.items():
+        conn.execute(f"CREATE TABLE {table} ({columns})")
+    random_workload(conn, rng, statements=120, first_id=0)  # rows there before the connector: its snapshot
+    debezium = Debezium.start(tmp_path / "connect", kafka_broker, postgres,
+                              tables=[f"public.{table}" for table in TABLES])
     try:
-        random_workload(conn, rng, statements=120, first_id=1000)
-        conn.execute(f"INSERT INTO {TABLE} VALUES (%s, 'sentinel', 0)", (SENTINEL,))
-        wait_for_sentinel(kafka_broker.bootstrap_servers)
+        random_workload(conn, rng, statements=200, first_id=1000)
+        for table in TABLES:
+            conn.execute(f"INSERT INTO {table} (id) VALUES (%s)", (SENTINEL,))
+        wait_for_sentinels(kafka_broker.bootstrap_servers, [f"cdc.public.{table}" for table in TABLES])
     finally:
         debezium.stop()
-    row = "id INT, note STRING, amount STRING"
-    conf = job_config(tmp_path, kafka_broker, TOPIC, sink='ordering = "lsn"\npartition_by = []',
-                      source=f'schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, '
-                             f'before STRUCT<{row}>, after STRUCT<{row}>"\n'
-                             'envelope = "debezium"\nvalue_format = "json-with-schema"')
-    run(str(conf), once=True)
-    delta = DeltaTable(str(tmp_path / "data" / "table")).to_pyarrow_table(columns=COLUMNS).to_pylist()
-    source = [{"id": i, "note": n, "amount": str(a)} for i, n, a in conn.execute(f"SELECT * FROM {TABLE}")]
-    assert sorted(delta, key=lambda r: r["id"]) == sorted(source, key=lambda r: r["id"])
-    # Rows from before the connector (snapshot reads) and from after it, live at the end.
-    assert any(r["id"] < 1000 for r in source) and any(r["id"] >= 1000 for r in source)
+    sinks = run(job_config(tmp_path, kafka_broker.bootstrap_servers), once=True)  # one Spark start-up
+    assert len(sinks) == len(TABLES)
+    for table in TABLES:
+        names = column_names(table)
+        delta = DeltaTable(str(tmp_path / "data" / table)).to_pyarrow_table(columns=names).to_pylist()
+        source = [dict(zip(names, (v if v is None or isinstance(v, int | str) else str(v) for v in row)))
+                  for row in conn.execute(f"SELECT {', '.join(names)} FROM {table}")]
+        assert sorted(delta, key=lambda r: r["id"]) == sorted(source, key=lambda r: r["id"]), table
+        # Rows from before the connector (snapshot reads) and from after it, live at the end.
+        assert any(r["id"] < 1000 for r in source) and any(r["id"] >= 1000 for r in source), table
