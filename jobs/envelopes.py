@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructType
 
 from sink.errors import ConfigError
 from sink.keys import quoted_column
@@ -10,6 +10,9 @@ from sink.keys import quoted_column
 ENVELOPES = ("none", "debezium")
 # The columns the Debezium envelope adds beside the row's own.
 DEBEZIUM_COLUMNS = ("op", "ts_ms", "lsn")
+# Debezium's stand-in for a value the database did not send (`unavailable.value.placeholder`):
+# PostgreSQL leaves an unchanged TOASTed value out of an update under REPLICA IDENTITY DEFAULT.
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 
 
 def debezium_select(schema: StructType) -> list[str]:
@@ -43,3 +46,15 @@ def debezium_select(schema: StructType) -> list[str]:
     if isinstance(source, StructType) and "lsn" in source.fieldNames():
         exprs.append("source.lsn AS lsn")
     return exprs
+
+
+def unavailable_guard(schema: StructType, columns: list[str]) -> str | None:
+    """A `quarantine_when` expression true for a record whose string column (of `after`, among
+    the stream's `columns`) holds Debezium's placeholder for a value it did not receive: the
+    stored value cannot be kept yet, and writing the placeholder over it would be silent
+    damage (None: no such column)."""
+    after = {f.name: f.dataType for f in schema["after"].dataType.fields}
+    strings = [n for n in columns if isinstance(after.get(n), StringType)]
+    if not strings:
+        return None
+    return " OR ".join(f"{quoted_column(n)} = '{UNAVAILABLE_VALUE}'" for n in strings)

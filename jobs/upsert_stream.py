@@ -20,10 +20,10 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 from pyspark.sql.types import StringType, StructType  # noqa: E402
 
 from jobs import kafka_source  # noqa: E402
-from jobs.envelopes import debezium_select  # noqa: E402
+from jobs.envelopes import debezium_select, unavailable_guard  # noqa: E402
 from jobs.job_config import JobConfig, SourceConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
-from sink import UpsertSink  # noqa: E402
+from sink import SinkConfig, UpsertSink  # noqa: E402
 from sink.config_sections import ENGINES  # noqa: E402
 from sink.errors import ConfigError  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402
@@ -84,6 +84,17 @@ def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None):
     return selected(stream, src.select, cfg.corrupt_record_column)
 
 
+def guarded(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> SinkConfig:
+    """A Debezium table's config whose `quarantine_when` also sends to quarantine the records
+    with Debezium's placeholder for a value it did not receive (PostgreSQL's unchanged TOAST
+    values under REPLICA IDENTITY DEFAULT), instead of writing it over the stored value."""
+    guard = unavailable_guard(StructType.fromDDL(src.schema), columns) if src.envelope == "debezium" else None
+    if not guard:
+        return sink
+    given = sink.quarantine_when
+    return dataclasses.replace(sink, quarantine_when=f"({given}) OR {guard}" if given else guard)
+
+
 def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
     """One table's query: its own checkpoint (so its own progress and writer id)."""
     sink.validate(stream)  # a config naming a missing column fails here, before any batch
@@ -137,11 +148,12 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     for src in cfg.sources:
         if src.path and "://" not in src.path:
             Path(src.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
-    sinks = [UpsertSink(s) for s in cfg.sinks]
+    streams = [source_stream(spark, cfg, src) for src in cfg.sources]
+    sinks = [UpsertSink(guarded(s, src, stream.columns)) for s, src, stream in zip(cfg.sinks, cfg.sources, streams)]
     queries = []
     try:
-        for sink, src in zip(sinks, cfg.sources):
-            queries.append(start_query(source_stream(spark, cfg, src), cfg, sink, once, trigger_seconds))
+        for sink, src, stream in zip(sinks, cfg.sources, streams):
+            queries.append(start_query(stream, cfg, sink, once, trigger_seconds))
             log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, src.name,
                      sink.config.table_uri, sink.writer_id)
         if once:
