@@ -3,8 +3,13 @@
 topic in one job. At quiescence each Delta table equals `SELECT * FROM` its PostgreSQL table,
 column by column."""
 
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,6 +20,8 @@ from jobs.upsert_stream import run
 from tests.cdc_stack import Debezium
 
 pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Per table: its PostgreSQL columns, its Spark schema in Debezium's JSON (NUMERIC as text:
 # decimal.handling.mode = string), random values for its non-key columns; updates set the first
@@ -81,7 +88,7 @@ def wait_for_sentinels(bootstrap_servers: str, topics: list[str], timeout_s: flo
         consumer.close()
 
 
-def job_config(tmp_path, bootstrap_servers: str) -> str:
+def job_config(tmp_path, bootstrap_servers: str, *, sink: str = "", source: str = "") -> str:
     """One [[sink]] per table, each reading its own topic with its own schema."""
     sinks = "".join(f"""
 [[sink]]
@@ -92,6 +99,7 @@ delete_when = "op = 'd'"
 checkpoint_dir = "data/{table}_checkpoint"
 index_dir = "data/index"
 metrics_port = 0
+{sink}
 
 [sink.source]
 topics = ["cdc.public.{table}"]
@@ -105,18 +113,22 @@ bootstrap_servers = "{bootstrap_servers}"
 schema = "op STRING"
 envelope = "debezium"
 value_format = "json-with-schema"
+{source}
 """)
     return str(conf)
 
 
-def test_postgres_through_debezium_and_kafka_equals_the_source_tables(spark, kafka_broker, postgres, tmp_path):
+@pytest.fixture(scope="module")
+def captured(kafka_broker, postgres, tmp_path_factory) -> dict[str, list[dict]]:
+    """The workload run once on PostgreSQL and captured by Debezium into the topics, which each
+    test streams into tables of its own; PostgreSQL's tables at quiescence, per table."""
     rng = random.Random(54)
     conn = psycopg.connect(postgres.dsn, autocommit=True)
     for table, (columns, _, _) in TABLES.items():
         conn.execute(f"CREATE TABLE {table} ({columns})")
     conn.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
     random_workload(conn, rng, statements=120, first_id=0)  # rows there before the connector: its snapshot
-    debezium = Debezium.start(tmp_path / "connect", kafka_broker, postgres,
+    debezium = Debezium.start(tmp_path_factory.mktemp("connect"), kafka_broker, postgres,
                               tables=[f"public.{table}" for table in TABLES])
     try:
         random_workload(conn, rng, statements=200, first_id=1000)
@@ -125,14 +137,65 @@ def test_postgres_through_debezium_and_kafka_equals_the_source_tables(spark, kaf
         wait_for_sentinels(kafka_broker.bootstrap_servers, [f"cdc.public.{table}" for table in TABLES])
     finally:
         debezium.stop()
-    sinks = run(job_config(tmp_path, kafka_broker.bootstrap_servers), once=True)  # one Spark start-up
-    assert len(sinks) == len(TABLES)
+    tables = {}
     for table in TABLES:
         names = column_names(table)
-        delta = DeltaTable(str(tmp_path / "data" / table)).to_pyarrow_table(columns=names).to_pylist()
-        source = [dict(zip(names, (v if v is None or isinstance(v, int | str) else str(v) for v in row)))
-                  for row in conn.execute(f"SELECT {', '.join(names)} FROM {table}")]
+        tables[table] = [dict(zip(names, (v if v is None or isinstance(v, int | str) else str(v) for v in row)))
+                         for row in conn.execute(f"SELECT {', '.join(names)} FROM {table}")]
+        # Rows from before the connector (snapshot reads) and from after it, live at the end.
+        assert any(r["id"] < 1000 for r in tables[table]) and any(r["id"] >= 1000 for r in tables[table])
+    conn.close()
+    return tables
+
+
+def assert_tables_equal(tmp_path, captured: dict[str, list[dict]]) -> None:
+    for table, source in captured.items():
+        delta = DeltaTable(str(tmp_path / "data" / table)).to_pyarrow_table(columns=column_names(table)).to_pylist()
         assert sorted(delta, key=lambda r: r["id"]) == sorted(source, key=lambda r: r["id"]), table
         assert not (tmp_path / "data" / f"{table}_quarantine").exists(), table  # no placeholder, nothing malformed
-        # Rows from before the connector (snapshot reads) and from after it, live at the end.
-        assert any(r["id"] < 1000 for r in source) and any(r["id"] >= 1000 for r in source), table
+
+
+def test_postgres_through_debezium_and_kafka_equals_the_source_tables(spark, kafka_broker, captured, tmp_path):
+    sinks = run(job_config(tmp_path, kafka_broker.bootstrap_servers), once=True)  # one Spark start-up
+    assert len(sinks) == len(TABLES)
+    assert_tables_equal(tmp_path, captured)
+
+
+def job_process(conf: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "jobs.upsert_stream", "--config", conf, *args]
+
+
+def test_a_job_sigkilled_in_the_middle_of_the_stream_goes_on_exactly_after_a_restart(
+        spark, kafka_broker, captured, tmp_path):
+    """The job in a process of its own, a few dozen offsets a batch, SIGKILLed once a few of
+    its batches committed; the restarted job goes on from its checkpoints."""
+    conf = job_config(tmp_path, kafka_broker.bootstrap_servers, source="max_offsets_per_trigger = 40")
+    log = tmp_path / "job.log"
+    with open(log, "w") as out:
+        job = subprocess.Popen(job_process(conf, "--trigger-seconds", "1"), cwd=ROOT, stdout=out,
+                               stderr=subprocess.STDOUT)
+    orders = tmp_path / "data" / "orders"
+    deadline = time.monotonic() + 300
+    try:
+        while not (orders / "_delta_log").exists() or DeltaTable(str(orders)).version() < 3:
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=60)
+    assert DeltaTable(str(orders)).to_pyarrow_table().num_rows < len(captured["orders"])  # killed mid-stream
+    run(conf, once=True)
+    assert_tables_equal(tmp_path, captured)
+
+
+def test_two_executors_stream_the_capture_exactly(kafka_broker, captured, tmp_path):
+    """Spark's local-cluster: two executor JVMs tag and write the tables' batches."""
+    import pyspark
+
+    conf = job_config(tmp_path, kafka_broker.bootstrap_servers, sink='tag_on = "executors"\nnum_shards = 2',
+                      source="max_offsets_per_trigger = 200")
+    env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(job_process(conf, "--once", "--master", "local-cluster[2,1,1024]"), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_tables_equal(tmp_path, captured)
