@@ -71,6 +71,11 @@ class SinkConfig:
     """Partial updates, like AUTO CDC's `ignore_null_updates`: an update's null columns keep the
     stored value. A key's records in one batch fold in order; a delete still removes the row,
     and an upsert after it starts from nulls; in a history table nulls fill in sequence order."""
+    freshness_column: str | None = None
+    """A column holding when the source made each change: epoch milliseconds as a BIGINT
+    (Debezium's `ts_ms`) or a TIMESTAMP. Each batch then reports its records' end-to-end
+    freshness (its commit time minus theirs: median, 99th percentile, oldest) in its log line and
+    as `upsert_sink_freshness_seconds`. Default: none."""
     scope: str = "partitioned"
     """`"partitioned"`: a key is unique within its partition; `"global"`: unique across the table."""
     checkpoint_dir: str | None = None

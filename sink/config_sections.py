@@ -83,6 +83,7 @@ class StreamSection:
     ties: Ties
     schema_evolution: SchemaEvolution
     check_constraints: CheckConstraints
+    freshness_column: str | None = None
 
     @property
     def incoming_wins_ties(self) -> bool:
@@ -102,8 +103,10 @@ class StreamSection:
             raise ConfigError(f"corrupt_record_column {cfg.corrupt_record_column!r} is a key, partition or ordering "
                               "column; it names Spark's column for the raw text of records that did not parse")
         require_bool("ignore_null_updates", cfg.ignore_null_updates)
+        if cfg.freshness_column is not None:
+            require_str("freshness_column", cfg.freshness_column)
         return cls(cfg.delete_when, cfg.quarantine_when, cfg.corrupt_record_column, cfg.ignore_null_updates, cfg.ties,
-                   cfg.schema_evolution, cfg.check_constraints)
+                   cfg.schema_evolution, cfg.check_constraints, cfg.freshness_column)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sink import columns as C
-from sink import keys
+from sink import freshness, keys
 from sink.arrival import arrival
 from sink.errors import ReplicaLostError
 from sink.index import changelog, history_locations, registry, verification, worker_replicas
@@ -279,6 +279,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
         clock.lap("upkeep")
     clock.lap("close")
     stats.shard_ids.append(shard)
+    if ctx.stream.freshness_column:
+        stats.source_times.append(freshness.sample(rows.column(ctx.stream.freshness_column)))
     kept = C.stream_columns(rows.column_names) + [
         C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.table.ordering))]
     partial = pa.nulls(rows.num_rows, pa.bool_())

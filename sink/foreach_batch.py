@@ -12,6 +12,7 @@ from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
 
+from sink import freshness
 from sink.batch.checks import Checks
 from sink.batch.commit import CommitPhase, history_batch
 from sink.batch.driver_tagger import DriverTagger
@@ -141,6 +142,8 @@ class UpsertSink:
 
     def _publish(self, report: BatchReport, started: float) -> None:
         report.total_seconds = time.perf_counter() - started
+        if report.mode not in ("skipped", "none"):  # now: the commit's time, as near as the driver sees it
+            report.freshness = freshness.freshness(report.source_times, round(time.time() * 1000))
         with report.timed("metrics"):
             metrics.publish(self.writer_id, report)
         metrics.observe_phase(self.writer_id, "metrics", report.phases["metrics"])

@@ -35,6 +35,11 @@ def validate_schema(cfg: SinkConfig, schema: StructType) -> None:
             raise SchemaError(
                 f"{role} column {col!r} has type {types[col]}; accepted types: {list(accepted)}"
             )
+    fresh = cfg.freshness_column
+    if fresh is not None and types.get(fresh) not in FRESHNESS_TYPES:
+        raise SchemaError(f"freshness_column {fresh!r} " + (f"has type {types[fresh]}" if fresh in types else
+                          f"is not in the stream (its columns: {sorted(types)})") +
+                          f"; accepted types: {list(FRESHNESS_TYPES)} (a BIGINT holds epoch milliseconds)")
     missing = [c for c in cfg.except_columns if c not in types]
     if missing:
         raise SchemaError(f"except_columns {missing} are not in the stream; the stream's columns are {sorted(types)}")
@@ -92,6 +97,10 @@ def validate_stream(cfg: SinkConfig, df: DataFrame) -> None:
             raise SchemaError(f"{name} = {expr!r} does not apply to the stream: {e}") from e
         if not isinstance(result, BooleanType):
             raise SchemaError(f"{name} = {expr!r} must be a boolean expression, it gives {result.typeName()}")
+
+
+# The source-time column's types (sink.freshness): epoch milliseconds, or a timestamp.
+FRESHNESS_TYPES = ("long", "timestamp", "timestamp_ntz")
 
 
 # Spark's readers that parse text into typed columns: a value that does not parse is read as

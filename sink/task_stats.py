@@ -59,6 +59,9 @@ class TaskStats:
     verified_keys: int = 0
     verify_mismatches: int = 0
     verify_examples: list[str] = field(default_factory=list)
+    # freshness_column: per shard tagged, its records with a source time and a sample of those
+    # times (sink.freshness.sample).
+    source_times: list[tuple[int, list[int]]] = field(default_factory=list)
     # The records' outcomes (sink.outcomes.summary), once the task tagged any.
     ops: dict[str, int] | None = None
     hits: int = 0

@@ -1,3 +1,4 @@
+import dataclasses
 
 import pytest
 from deltalake import DeltaTable
@@ -116,6 +117,17 @@ def test_a_config_naming_a_missing_column_fails_before_anything_is_written(spark
     cfg = SinkConfig(table_uri=str(tmp_path / "t"), key=["id"], ordering="event_time",
                      writer_id="w", metrics_port=0)
     with pytest.raises(SchemaError, match="ordering column 'event_time' is not in the stream"):
+        UpsertSink(cfg)(frame(spark, [Event("a", "d", 1, "u", "x")]), 0)
+    assert not DeltaTable.is_deltatable(cfg.table_uri)
+
+
+@pytest.mark.parametrize(("column", "error"), [
+    ("v", r"freshness_column 'v' has type string; accepted types: \['long', 'timestamp', 'timestamp_ntz'\]"),
+    ("ts_ms", r"freshness_column 'ts_ms' is not in the stream \(its columns: \['dt', 'id', 'op', 'ts', 'v'\]\)"),
+])
+def test_a_freshness_column_the_stream_lacks_or_of_another_type_is_named(spark, tmp_path, column, error):
+    cfg = dataclasses.replace(config(tmp_path, writer_id="w"), freshness_column=column)
+    with pytest.raises(SchemaError, match=error):
         UpsertSink(cfg)(frame(spark, [Event("a", "d", 1, "u", "x")]), 0)
     assert not DeltaTable.is_deltatable(cfg.table_uri)
 

@@ -90,6 +90,15 @@ BATCH_SECONDS = Histogram(
     "upsert_sink_batch_seconds", "Batch phase durations", [*_LABEL, "phase"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
+FRESHNESS = Gauge(
+    "upsert_sink_freshness_seconds",
+    "freshness_column: the latest committed batch's records' end-to-end freshness (commit time minus source time) "
+    "at quantiles 0.5, 0.99 and 1 (the oldest record)", [*_LABEL, "quantile"],
+)
+KAFKA_LAG = Gauge(
+    "upsert_sink_kafka_lag", "Kafka sources of the ready job: offsets behind the newest, per topic-partition, after "
+    "the latest batch", [*_LABEL, "topic", "partition"],
+)
 TABLE_VERSION = Gauge("upsert_sink_table_version", "Delta version of the latest commit", _LABEL)
 COMMITS = Counter("upsert_sink_commits", "Delta commits by mode", [*_LABEL, "mode"])
 COMMIT_RETRIES = Counter("upsert_sink_commit_retries", "Commits retried after a conflict", _LABEL)
@@ -197,6 +206,8 @@ def publish(sink: str, report) -> None:
         CACHED_BYTES.labels(sink).set(report.cached_bytes)
     if report.mode in COMMIT_KINDS:
         COMMITS.labels(sink, report.mode).inc()
+    for quantile, seconds in (report.freshness or {}).items():
+        FRESHNESS.labels(sink, quantile).set(seconds)
     if report.table_version is not None:
         TABLE_VERSION.labels(sink).set(report.table_version)
     for phase, seconds in report.phases.items():

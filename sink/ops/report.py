@@ -92,6 +92,10 @@ class BatchReport:
     versions_replaced: int = 0
     version_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))
     total_seconds: float = 0.0
+    # freshness_column: the tasks' samples of source times, and the batch's freshness quantiles
+    # in seconds once committed (sink.freshness; None: no source time).
+    source_times: list[tuple[int, list[int]]] = field(default_factory=list)
+    freshness: dict[str, float] | None = None
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -147,6 +151,7 @@ class BatchReport:
         self.verified_keys = sum(s.verified_keys for s in stats_rows)
         self.verify_mismatches = sum(s.verify_mismatches for s in stats_rows)
         self.verify_examples = [e for s in stats_rows for e in s.verify_examples]
+        self.source_times = [sample for s in stats_rows for sample in s.source_times]
 
     def record_history(self, ops: dict[str, int], written: int, replaced: int, changes: dict[str, int]) -> None:
         """A history batch's counts: its events (insert, update, delete; the tagging tasks'
@@ -170,6 +175,8 @@ class BatchReport:
             f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "
             f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "
             f"tag_steps_s={','.join(f'{p}:{s:.3f}' for p, s in self.tag_steps.items() if s >= 0.0005)}"
+            + (f" freshness_s=p50:{self.freshness['0.5']},p99:{self.freshness['0.99']},max:{self.freshness['1']}"
+               if self.freshness else "")
             + (f" versions_written={self.versions_written} versions_replaced={self.versions_replaced} "
                + " ".join(f"versions_{c}={n}" for c, n in self.version_changes.items())
                if self.versions_written or self.versions_replaced else "")
