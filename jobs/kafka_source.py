@@ -23,6 +23,7 @@ its jar; `--fetch-command`, the command that puts it into ~/.m2, where Spark's I
 from __future__ import annotations
 
 import argparse
+import json
 from importlib import metadata
 
 from pyspark.sql import DataFrame
@@ -102,6 +103,18 @@ def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema
         origin = f"concat('kafka topic ', topic, ' partition ', partition, ' offset ', offset, ': ', {_VALUE})"
         columns.append(f"CASE WHEN {failed} THEN {origin} END AS {quoted_column(corrupt_column)}")
     return stream.selectExpr(*columns)
+
+
+def lag(end_offset: str | None, latest_offset: str | None) -> dict[tuple[str, int], int]:
+    """Per (topic, partition): the offsets behind, from a batch's progress (Spark's Kafka source
+    reports `endOffset`, where the batch ended, and `latestOffset`, the newest it saw, as JSON
+    `{"topic": {"partition": offset}}`); empty when the progress has either missing (or JSON
+    null, as in a trigger that found no new offsets)."""
+    end, latest = (json.loads(o) if o else None for o in (end_offset, latest_offset))
+    if not end or not latest:
+        return {}
+    return {(topic, int(p)): max(0, newest - end.get(topic, {}).get(p, 0))
+            for topic, partitions in latest.items() for p, newest in partitions.items()}
 
 
 def _payload(text: str, value_format: str) -> str:

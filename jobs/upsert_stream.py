@@ -17,6 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pyspark.sql.streaming import StreamingQueryListener  # noqa: E402
 from pyspark.sql.types import StringType, StructType  # noqa: E402
 
 from jobs import kafka_source  # noqa: E402
@@ -27,6 +28,7 @@ from sink import SinkConfig, UpsertSink  # noqa: E402
 from sink.config_sections import ENGINES  # noqa: E402
 from sink.errors import ConfigError  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402
+from sink.ops import metrics  # noqa: E402
 from sink.prepare import PARSED_FORMATS  # noqa: E402
 from sink.session import session_kind  # noqa: E402
 
@@ -84,15 +86,21 @@ def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None):
     return selected(stream, src.select, cfg.corrupt_record_column)
 
 
-def guarded(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> SinkConfig:
-    """A Debezium table's config whose `quarantine_when` also sends to quarantine the records
-    with Debezium's placeholder for a value it did not receive (PostgreSQL's unchanged TOAST
-    values under REPLICA IDENTITY DEFAULT), instead of writing it over the stored value."""
-    guard = unavailable_guard(StructType.fromDDL(src.schema), columns) if src.envelope == "debezium" else None
-    if not guard:
+def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> SinkConfig:
+    """A Debezium table's config: its `quarantine_when` also sends to quarantine the records with
+    Debezium's placeholder for a value it did not receive (PostgreSQL's unchanged TOAST values
+    under REPLICA IDENTITY DEFAULT) instead of writing it over the stored value, and its
+    freshness is measured from the envelope's `ts_ms` unless `freshness_column` says otherwise."""
+    if src.envelope != "debezium":
         return sink
-    given = sink.quarantine_when
-    return dataclasses.replace(sink, quarantine_when=f"({given}) OR {guard}" if given else guard)
+    changes = {}
+    guard = unavailable_guard(StructType.fromDDL(src.schema), columns)
+    if guard:
+        given = sink.quarantine_when
+        changes["quarantine_when"] = f"({given}) OR {guard}" if given else guard
+    if sink.freshness_column is None and "ts_ms" in columns:
+        changes["freshness_column"] = "ts_ms"
+    return dataclasses.replace(sink, **changes)
 
 
 def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
@@ -103,8 +111,46 @@ def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_se
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{trigger_seconds or cfg.job.trigger_seconds} seconds")
-    name = cfg.job.app_name if len(cfg.sinks) == 1 else f"{cfg.job.app_name}:{sink.config.table_uri}"
-    return writer.queryName(name).start()
+    return writer.queryName(query_name(cfg, sink.config)).start()
+
+
+def query_name(cfg: JobConfig, sink: SinkConfig) -> str:
+    return cfg.job.app_name if len(cfg.sinks) == 1 else f"{cfg.job.app_name}:{sink.table_uri}"
+
+
+class KafkaLag(StreamingQueryListener):
+    """After each batch of a query reading Kafka: its offsets behind per topic-partition, as
+    `upsert_sink_kafka_lag` and a log line (`writers`: each query's name to its sink's writer id)."""
+
+    def __init__(self, writers: dict[str, str]):
+        self._writers = writers
+
+    def onQueryProgress(self, event) -> None:
+        publish_lag(self._writers.get(event.progress.name), event.progress)
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
+
+
+def publish_lag(writer_id: str | None, progress) -> None:
+    """A query's progress (`StreamingQueryProgress`) as its Kafka lag (nothing for other sources)."""
+    if writer_id is None or progress is None:
+        return
+    behind = {}
+    for source in progress.sources:
+        behind.update(kafka_source.lag(source.endOffset, source.latestOffset))
+    if not behind:
+        return
+    for (topic, partition), n in behind.items():
+        metrics.KAFKA_LAG.labels(writer_id, topic, str(partition)).set(n)
+    log.info("kafka lag %s after batch %s: %d offsets behind (%s)", writer_id, progress.batchId, sum(behind.values()),
+             ", ".join(f"{t}[{p}]={n}" for (t, p), n in sorted(behind.items())))
 
 
 def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None,
@@ -149,8 +195,14 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         if src.path and "://" not in src.path:
             Path(src.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
     streams = [source_stream(spark, cfg, src) for src in cfg.sources]
-    sinks = [UpsertSink(guarded(s, src, stream.columns)) for s, src, stream in zip(cfg.sinks, cfg.sources, streams)]
+    sinks = [UpsertSink(for_debezium(s, src, stream.columns))
+             for s, src, stream in zip(cfg.sinks, cfg.sources, streams)]
     queries = []
+    # Classic sessions: under Spark Connect a listener runs on the server, away from these metrics.
+    lag = None if remote or all(src.format != "kafka" for src in cfg.sources) else \
+        KafkaLag({query_name(cfg, s.config): s.writer_id for s in sinks})
+    if lag:
+        spark.streams.addListener(lag)
     try:
         for sink, src, stream in zip(sinks, cfg.sources, streams):
             queries.append(start_query(stream, cfg, sink, once, trigger_seconds))
@@ -165,6 +217,10 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         for query in queries:
             if query.isActive:
                 query.stop()
+        if lag:
+            spark.streams.removeListener(lag)
+            for sink, query in zip(sinks, queries):  # the last batch's, which the listener may not have had yet
+                publish_lag(sink.writer_id, query.lastProgress)
         for sink in sinks:
             sink.close()
         if stop:

@@ -46,7 +46,7 @@ def test_dashboard_queries_name_only_exported_metrics():
     assert used and used <= exported_series(), used - exported_series()
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("hit ratio", "lookups / s", "records by operation", "latency", "partition loads",
-                  "load time", "cached records", "cached bytes", "table version"):
+                  "load time", "cached records", "cached bytes", "table version", "kafka consumer lag", "freshness"):
         assert topic in titles
 
 

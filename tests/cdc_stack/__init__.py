@@ -34,6 +34,14 @@ def classpath(name: str) -> str:
     return path.read_text().strip()
 
 
+def run_tool(command: list[str], cwd: Path | None = None) -> None:
+    """A set-up command, its output in the error when it fails."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
+    if done.returncode:
+        raise RuntimeError(f"{Path(command[0]).name} ... {command[-1]} exited with {done.returncode}: "
+                           f"{(done.stderr or done.stdout)[-2000:]}")
+
+
 def java(classpath_name: str, main: str, *args: str, heap: str = "512m") -> list[str]:
     return ["java", f"-Xmx{heap}", "-Dlog4j2.level=WARN", "-cp", classpath(classpath_name), main, *args]
 
@@ -66,8 +74,8 @@ class KafkaBroker:
             "share.coordinator.state.topic.replication.factor=1", "share.coordinator.state.topic.min.isr=1",
             "group.initial.rebalance.delay.ms=0", "",
         ]))
-        subprocess.run(java("broker", "kafka.tools.StorageTool", "format", "-t", _kafka_uuid(), "-c",
-                            str(directory / "server.properties")), check=True, capture_output=True, timeout=120)
+        run_tool(java("broker", "kafka.tools.StorageTool", "format", "-t", _kafka_uuid(), "-c",
+                      str(directory / "server.properties")))
         broker.run()
         return broker
 
@@ -86,10 +94,13 @@ class KafkaBroker:
 
 
 def _kafka_uuid() -> str:
-    """A cluster id as Kafka writes them: 16 random bytes, URL-safe base64 without padding."""
+    """A cluster id as Kafka makes them: 16 random bytes, URL-safe base64 without padding, not
+    starting with "-" (a command line would read it as an option)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while (text := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return text
 
 
 def postgres_bin() -> Path:
@@ -136,9 +147,7 @@ class Postgres:
         command = [str(postgres_bin() / program), *args]
         if os.getuid() == 0:
             command = ["runuser", "-u", "postgres", "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.directory)
-        if done.returncode:
-            raise RuntimeError(f"{program} exited with {done.returncode}: {done.stderr[-2000:]}")
+        run_tool(command, cwd=self.directory)
 
 
 @dataclass

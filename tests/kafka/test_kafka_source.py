@@ -2,14 +2,17 @@
 with a Kafka client, read by Spark's Kafka connector, equal to the oracle."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
+from prometheus_client import REGISTRY
 
 import jobs.upsert_stream
+from jobs import kafka_source
 from jobs.envelopes import UNAVAILABLE_VALUE
 from jobs.upsert_stream import run
 from sink import UpsertSink
@@ -126,6 +129,9 @@ def test_json_records_from_kafka_equal_the_oracle_through_restarts_a_broker_rest
     (second,) = run(str(conf), once=True)  # a restart: the query goes on from its checkpoint
     assert second.reports[0].batch_id == first.reports[-1].batch_id + 1
     assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == expected_rows(batches)
+    # Every offset consumed: no partition behind.
+    assert [REGISTRY.get_sample_value("upsert_sink_kafka_lag", {"sink": second.writer_id, "topic": topic,
+                                                                 "partition": str(p)}) for p in range(3)] == [0] * 3
 
     # The last batch ran but its commit was not recorded (a crash between the two): Spark runs
     # it again on the next start, with the same offsets; the sink skips what the table has.
@@ -136,6 +142,13 @@ def test_json_records_from_kafka_equal_the_oracle_through_restarts_a_broker_rest
     (replay,) = run(str(conf), once=True)
     assert [(r.batch_id, r.mode) for r in replay.reports] == [(last, "skipped")]
     assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == expected_rows(batches)
+
+
+def test_lag_is_the_newest_offset_minus_where_the_batch_ended_per_topic_partition():
+    end = json.dumps({"orders": {"0": 120, "1": 80}})
+    latest = json.dumps({"orders": {"0": 150, "1": 80, "2": 7}})
+    assert kafka_source.lag(end, latest) == {("orders", 0): 30, ("orders", 1): 0, ("orders", 2): 7}
+    assert kafka_source.lag(None, latest) == kafka_source.lag(end, "null") == {}
 
 
 def debezium_event(op: str, row: dict, lsn: int, *, before: dict | None = None) -> bytes:
@@ -175,8 +188,19 @@ def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newe
                              'before STRUCT<id: STRING, dt: STRING, v: STRING>, '
                              'after STRUCT<id: STRING, dt: STRING, v: STRING>"\n'
                              'envelope = "debezium"\nvalue_format = "json-with-schema"')
-    run(str(conf), once=True)
+    started = time.time()
+    (sink,) = run(str(conf), once=True)
+    ended = time.time()
     uri = str(tmp_path / "data" / "table")
+    # Freshness from the envelope's ts_ms (1_700_000_000_000 + lsn): the oldest record is the
+    # create at LSN 100, committed between the run's start and end.
+    (report,) = sink.reports
+    oldest = 1_700_000_000_100 / 1000
+    assert started - oldest <= report.freshness["1"] <= ended - oldest
+    assert report.freshness["1"] >= report.freshness["0.99"] >= report.freshness["0.5"]
+    assert REGISTRY.get_sample_value("upsert_sink_freshness_seconds", {"sink": sink.writer_id, "quantile": "1"}) \
+        == report.freshness["1"]
+    assert f"freshness_s=p50:{report.freshness['0.5']}" in report.summary()
     expected = [{"id": r["id"], "dt": r["dt"], "v": f"new{i}" if i % 2 == 0 else r["v"],
                  "lsn": 200 + i if i % 2 == 0 else 150} for i, r in rows.items() if i not in (3, 7)]
     assert table_rows(uri, ["id", "dt", "v", "lsn"]) == sorted(expected, key=lambda r: (r["dt"], r["id"]))
