@@ -15,6 +15,9 @@ message's value parsed as JSON into `source.schema`, before the envelope and `se
   so among records of a key with equal ordering values the later offset wins (`sink.arrival`:
   records not read from files arrive in scan order).
 
+- Lag: after each batch, the offsets behind per topic-partition (`KafkaLag`, a listener on
+  the queries' progress) as `upsert_sink_kafka_lag` and a log line.
+
 `python -m jobs.kafka_source` prints the connector's Maven package; `--jar`, where Maven keeps
 its jar; `--fetch-command`, the command that puts it into ~/.m2, where Spark's Ivy resolves it
 (`make kafka-jars`).
@@ -24,15 +27,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from importlib import metadata
 
 from pyspark.sql import DataFrame
+from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.types import StringType, StructField, StructType
 
 from sink.errors import ConfigError
 from sink.keys import quoted_column
 from sink.lakehouse import spark_delta
+from sink.ops import metrics
 from sink.prepare import sql_string
+
+log = logging.getLogger(__name__)
 
 VALUE_FORMATS = ("json", "json-with-schema")
 # Spark's Kafka source names topics by one of these (exactly one is set).
@@ -115,6 +123,41 @@ def lag(end_offset: str | None, latest_offset: str | None) -> dict[tuple[str, in
         return {}
     return {(topic, int(p)): max(0, newest - end.get(topic, {}).get(p, 0))
             for topic, partitions in latest.items() for p, newest in partitions.items()}
+
+
+class KafkaLag(StreamingQueryListener):
+    """After each batch of a query reading Kafka: its offsets behind per topic-partition, as
+    `upsert_sink_kafka_lag` and a log line (`writers`: each query's name to its sink's writer id)."""
+
+    def __init__(self, writers: dict[str, str]):
+        self._writers = writers
+
+    def onQueryProgress(self, event) -> None:
+        publish_lag(self._writers.get(event.progress.name), event.progress)
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
+
+
+def publish_lag(writer_id: str | None, progress) -> None:
+    """A query's progress (`StreamingQueryProgress`) as its Kafka lag (nothing for other sources)."""
+    if writer_id is None or progress is None:
+        return
+    behind = {}
+    for source in progress.sources:
+        behind.update(lag(source.endOffset, source.latestOffset))
+    if not behind:
+        return
+    for (topic, partition), n in behind.items():
+        metrics.KAFKA_LAG.labels(writer_id, topic, str(partition)).set(n)
+    log.info("kafka lag %s after batch %s: %d offsets behind (%s)", writer_id, progress.batchId, sum(behind.values()),
+             ", ".join(f"{t}[{p}]={n}" for (t, p), n in sorted(behind.items())))
 
 
 def _payload(text: str, value_format: str) -> str:

@@ -17,7 +17,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyspark.sql.streaming import StreamingQueryListener  # noqa: E402
 from pyspark.sql.types import StringType, StructType  # noqa: E402
 
 from jobs import kafka_source  # noqa: E402
@@ -28,7 +27,6 @@ from sink import SinkConfig, UpsertSink  # noqa: E402
 from sink.config_sections import ENGINES  # noqa: E402
 from sink.errors import ConfigError  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402
-from sink.ops import metrics  # noqa: E402
 from sink.prepare import PARSED_FORMATS  # noqa: E402
 from sink.session import session_kind  # noqa: E402
 
@@ -118,41 +116,6 @@ def query_name(cfg: JobConfig, sink: SinkConfig) -> str:
     return cfg.job.app_name if len(cfg.sinks) == 1 else f"{cfg.job.app_name}:{sink.table_uri}"
 
 
-class KafkaLag(StreamingQueryListener):
-    """After each batch of a query reading Kafka: its offsets behind per topic-partition, as
-    `upsert_sink_kafka_lag` and a log line (`writers`: each query's name to its sink's writer id)."""
-
-    def __init__(self, writers: dict[str, str]):
-        self._writers = writers
-
-    def onQueryProgress(self, event) -> None:
-        publish_lag(self._writers.get(event.progress.name), event.progress)
-
-    def onQueryStarted(self, event) -> None:
-        pass
-
-    def onQueryIdle(self, event) -> None:
-        pass
-
-    def onQueryTerminated(self, event) -> None:
-        pass
-
-
-def publish_lag(writer_id: str | None, progress) -> None:
-    """A query's progress (`StreamingQueryProgress`) as its Kafka lag (nothing for other sources)."""
-    if writer_id is None or progress is None:
-        return
-    behind = {}
-    for source in progress.sources:
-        behind.update(kafka_source.lag(source.endOffset, source.latestOffset))
-    if not behind:
-        return
-    for (topic, partition), n in behind.items():
-        metrics.KAFKA_LAG.labels(writer_id, topic, str(partition)).set(n)
-    log.info("kafka lag %s after batch %s: %d offsets behind (%s)", writer_id, progress.batchId, sum(behind.values()),
-             ", ".join(f"{t}[{p}]={n}" for (t, p), n in sorted(behind.items())))
-
-
 def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None,
         metrics_port: int | None = None, stop: bool = False, *, remote: str | None = None,
         engine: str | None = None) -> list[UpsertSink]:
@@ -200,7 +163,7 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     queries = []
     # Classic sessions: under Spark Connect a listener runs on the server, away from these metrics.
     lag = None if remote or all(src.format != "kafka" for src in cfg.sources) else \
-        KafkaLag({query_name(cfg, s.config): s.writer_id for s in sinks})
+        kafka_source.KafkaLag({query_name(cfg, s.config): s.writer_id for s in sinks})
     if lag:
         spark.streams.addListener(lag)
     try:
@@ -220,7 +183,7 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         if lag:
             spark.streams.removeListener(lag)
             for sink, query in zip(sinks, queries):  # the last batch's, which the listener may not have had yet
-                publish_lag(sink.writer_id, query.lastProgress)
+                kafka_source.publish_lag(sink.writer_id, query.lastProgress)
         for sink in sinks:
             sink.close()
         if stop:
