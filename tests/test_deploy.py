@@ -11,6 +11,8 @@ import pytest
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
+from jobs import kafka_source
+from jobs.job_config import load_job_config
 from sink.ops import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +55,7 @@ def test_dashboard_queries_name_only_exported_metrics():
 def test_compose_files_and_ports_line_up():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"sink-job", "prometheus", "grafana"}
+    assert set(services) == {"sink-job", "prometheus", "grafana", *CDC_SERVICES}
 
     build = services["sink-job"]["build"]
     dockerfile = ROOT / build["context"] / build["dockerfile"]
@@ -69,17 +71,18 @@ def test_compose_files_and_ports_line_up():
             if source != "./data":  # created by the job at run time
                 assert (ROOT / source).exists(), f"{name} mounts missing {source}"
 
-    # The job's config (the path the image runs with) serves metrics on the published port.
-    config_arg = services["sink-job"]["command"][services["sink-job"]["command"].index("--config") + 1]
-    config = ROOT / config_arg.replace("/app/", "")
-    sink = tomllib.loads(config.read_text())["sink"]
-    assert f"{sink['metrics_port']}:{sink['metrics_port']}" in services["sink-job"]["ports"]
+    # Each job's config (the path the image runs with) serves metrics on its published port.
+    ports = {}
+    for job in ("sink-job", "cdc-job"):
+        (sink,) = load_job_config(job_config(services[job])).sinks
+        assert f"{sink.metrics_port}:{sink.metrics_port}" in services[job]["ports"]
+        ports[job] = sink.metrics_port
 
     # Prometheus scrapes that service and port, with the config compose mounts.
     prom_mount = next(v for v in services["prometheus"]["volumes"] if "prometheus.yml" in v)
     prom = yaml.safe_load((ROOT / prom_mount.split(":")[0]).read_text())
     targets = [t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
-    assert targets == [f"sink-job:{sink['metrics_port']}"]
+    assert targets == [f"{job}:{port}" for job, port in ports.items()]
     assert prom_mount.split(":")[1] in " ".join(services["prometheus"]["command"])
 
     # Grafana's datasource is that Prometheus, and its dashboard provider reads the mounted folder.
@@ -90,6 +93,41 @@ def test_compose_files_and_ports_line_up():
     mounts = dict(v.split(":")[:2] for v in services["grafana"]["volumes"])
     assert mounts["./conf/grafana/dashboards"] == provider["providers"][0]["options"]["path"]
     assert list((ROOT / "conf/grafana/dashboards").glob("*.json"))
+
+
+CDC_SERVICES = ("cdc-job", "kafka", "postgres", "connect", "connector-init")
+
+
+def job_config(service: dict) -> Path:
+    """The config file a job service runs with, in the repository."""
+    command = service["command"]
+    return ROOT / command[command.index("--config") + 1].replace("/app/", "")
+
+
+def test_the_cdc_pipeline_in_compose_lines_up():
+    """PostgreSQL with logical decoding, the connector Connect registers, the topic it writes,
+    the broker the CDC job reads, the job's Spark Kafka connector and its table's columns."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert "wal_level=logical" in services["postgres"]["command"]
+    connector = json.loads((CONF / "cdc" / "pg-connector.json").read_text())
+    assert connector["database.hostname"] == "postgres" and connector["plugin.name"] == "pgoutput"
+    assert services["connect"]["environment"]["BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert "PLAINTEXT://kafka:9092" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    mounted = dict(v.split(":")[:2] for v in services["connector-init"]["volumes"])
+    assert mounted["./conf/cdc/pg-connector.json"] in " ".join(services["connector-init"]["entrypoint"])
+
+    cfg = load_job_config(job_config(services["cdc-job"]))
+    (source,) = cfg.sources
+    assert source.bootstrap_servers == "kafka:9092"
+    (table,) = connector["table.include.list"].split(",")
+    assert source.topics == [f"{connector['topic.prefix']}.{table}"]
+    assert kafka_source.package() in services["cdc-job"]["entrypoint"]
+    # The job's row schema is the captured table's (NUMERIC as text: decimal.handling.mode).
+    init = (CONF / "cdc" / "init.sql").read_text()
+    columns = re.search(rf"CREATE TABLE {table.split('.')[1]} \((.*?)\);", init).group(1)
+    captured = [c.split()[0] for c in re.split(r",\s*(?![^()]*\))", columns)]
+    after = re.search(r"after STRUCT<(.*?)>", source.schema).group(1)
+    assert [f.split(":")[0].strip() for f in after.split(",")] == captured
 
 
 def test_the_image_takes_python_and_spark_from_the_pins_in_pyproject():
