@@ -31,7 +31,9 @@ TABLES = {
     "orders": ("id INT PRIMARY KEY, note TEXT, amount NUMERIC(10, 2), big TEXT",
                "id INT, note STRING, amount STRING, big STRING",
                lambda rng: (f"n{rng.randrange(1000)}", rng.randrange(10_000) / 100, rng.randbytes(6400).hex())),
-    "customers": ("id INT PRIMARY KEY, name TEXT, city TEXT", "id INT, name STRING, city STRING",
+    # `tier` is added to PostgreSQL's table mid-stream (Debezium's schema change); the job's
+    # schema names it from the start, null in the events before.
+    "customers": ("id INT PRIMARY KEY, name TEXT, city TEXT", "id INT, name STRING, city STRING, tier STRING",
                   lambda rng: (f"c{rng.randrange(1000)}", rng.choice(["Oslo", "Lyon", None]))),
 }
 def column_names(table: str) -> list[str]:
@@ -131,7 +133,11 @@ def captured(kafka_broker, postgres, tmp_path_factory) -> dict[str, list[dict]]:
     debezium = Debezium.start(tmp_path_factory.mktemp("connect"), kafka_broker, postgres,
                               tables=[f"public.{table}" for table in TABLES])
     try:
-        random_workload(conn, rng, statements=200, first_id=1000)
+        random_workload(conn, rng, statements=100, first_id=1000)
+        conn.execute("ALTER TABLE customers ADD COLUMN tier TEXT")
+        conn.execute("UPDATE customers SET tier = 'gold' WHERE id IN (SELECT id FROM customers ORDER BY id LIMIT 10)")
+        conn.execute("INSERT INTO customers VALUES (1900, 'new', 'Oslo', 'silver')")
+        random_workload(conn, rng, statements=100, first_id=2000)
         for table in TABLES:
             conn.execute(f"INSERT INTO {table} (id) VALUES (%s)", (SENTINEL,))
         wait_for_sentinels(kafka_broker.bootstrap_servers, [f"cdc.public.{table}" for table in TABLES])
@@ -144,6 +150,7 @@ def captured(kafka_broker, postgres, tmp_path_factory) -> dict[str, list[dict]]:
                          for row in conn.execute(f"SELECT {', '.join(names)} FROM {table}")]
         # Rows from before the connector (snapshot reads) and from after it, live at the end.
         assert any(r["id"] < 1000 for r in tables[table]) and any(r["id"] >= 1000 for r in tables[table])
+    assert any(r["tier"] for r in tables["customers"])  # the added column holds values the stream must carry
     conn.close()
     return tables
 
