@@ -6,6 +6,8 @@
                                        # only the sink against delta-spark's MERGE (its cases below)
     python -m bench.run --deletion-vectors --sizes 10000000 --batches 3
                                        # only its deletion-vector case (merge-on-read)
+    python -m bench.run --kafka --keys 1000000
+                                       # Debezium messages from a Kafka broker (bench/kafka_bench.py)
 """
 
 from __future__ import annotations
@@ -174,6 +176,25 @@ def verification_figures(spark, work: Path, params: dict) -> list[dict]:
                    num_shards=2, contenders=e2e.VERIFICATION)
 
 
+def kafka(keys: int, started: float) -> None:
+    from bench import kafka_bench
+    from jobs.spark_session import spark_session
+
+    params = {"keys": keys, "updates": keys, "batch_offsets": 200_000, "trigger_seconds": 10, "paced_seconds": 90}
+    result = {"name": "kafka", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine(),
+              "parameters": params}
+    spark = spark_session("bench-kafka", "local[2]", {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+                          delta=True, kafka=True)
+    spark.sparkContext.setLogLevel("ERROR")
+    work = Path(tempfile.mkdtemp(prefix="sink-kafka-"))
+    try:
+        result["kafka"] = kafka_bench.run(spark, work, **params)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        spark.stop()
+    write(result, started, plotted=False)
+
+
 def e2e_session():
     """local[2], with Delta's Spark engine: the delta-spark MERGE baselines run in it."""
     from jobs.spark_session import spark_session
@@ -196,12 +217,19 @@ def main() -> None:
                         help="with --against-spark or --deletion-vectors: table rows (default: the run's)")
     parser.add_argument("--batches", type=int, help="with --against-spark, --deletion-vectors or --verification: "
                                                     "batches a case (default: the run's)")
+    parser.add_argument("--kafka", action="store_true",
+                        help="only Debezium-shaped messages from a Kafka broker: the sink against a plain append "
+                             "query, and its freshness at half its rate (make cdc-stack installs the broker)")
+    parser.add_argument("--keys", type=int, default=1_000_000, help="with --kafka: keys (and as many updates)")
     parser.add_argument("--verification", action="store_true",
                         help="only the sampled verification's cost (events, the run's first size)")
     args = parser.parse_args()
     params = QUICK if args.quick else FULL
     name = "quick" if args.quick else "full"
     started = time.perf_counter()
+    if args.kafka:
+        kafka(args.keys, started)
+        return
     if args.verification or args.deletion_vectors:
         params = {**params, "sizes": args.sizes or params["sizes"], "batches": args.batches or params["batches"]}
         case, figures = (("verification", verification_figures) if args.verification else

@@ -175,6 +175,8 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
             for query in queries:
                 query.awaitTermination()
         else:
+            # A query this session ran before (an earlier run in the process) would end the wait at once.
+            spark.streams.resetTerminated()
             spark.streams.awaitAnyTermination()  # raises the failed query's error
     finally:
         for query in queries:
