@@ -93,8 +93,9 @@ submit: $(STAMP) delta-jars
 		jobs/upsert_stream.py --config conf/sink.toml --once --engine delta-spark
 
 # Benchmarks (not tests): results in bench/results/<name>-<date>.json and .png.
-bench: $(STAMP) delta-jars
+bench: $(STAMP) delta-jars cdc-stack
 	$(PY) -m bench.run
+	$(PY) -m bench.run --kafka --keys 1000000
 
 bench-quick: $(STAMP) delta-jars
 	$(PY) -m bench.run --quick
