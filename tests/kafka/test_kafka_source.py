@@ -231,3 +231,39 @@ def test_a_topic_deleted_under_the_job_fails_it_clearly_and_leaves_the_table_as_
     with pytest.raises(Exception, match="(?i)data (may have been )?lost|failOnDataLoss"):
         run(str(conf), once=True)
     assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == before
+
+
+def test_the_key_from_the_message_key_and_a_record_of_another_tables_schema_quarantined(
+        spark, kafka_broker, tmp_path):
+    """key_schema: the value carries no id, the message key does (as JSON). A record of
+    another table's schema parses to nulls and is quarantined for its null key, not written."""
+    topic = "keyed-events"
+    create_topic(kafka_broker, topic, partitions=2)
+    (events,) = random_batches(9, batches=1, per_batch=200, bad_share=0)
+    messages = [(json.dumps({"id": e.id}).encode(), json.dumps({k: v for k, v in e._asdict().items() if k != "id"})
+                 .encode()) for e in events]
+    messages.append((None, json.dumps({"sku": "x-1", "qty": 3}).encode()))
+    produce(kafka_broker, topic, messages)
+    conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "ts"\npartition_by = ["dt"]',
+                      source='schema = "dt STRING, ts BIGINT, op STRING, v STRING"\nkey_schema = "id STRING"')
+    run(str(conf), once=True)
+    uri = str(tmp_path / "data" / "table")
+    assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == expected_rows([events])
+    assert quarantined(uri) == [("", "null key column id")]
+
+
+def test_debezium_envelopes_without_the_converters_wrapper(spark, kafka_broker, tmp_path):
+    """value.converter.schemas.enable = false: the value is the envelope itself."""
+    topic = "unwrapped.public.orders"
+    create_topic(kafka_broker, topic, partitions=1)
+    rows = [{"id": f"o{i}", "dt": "2025-01-01", "v": f"v{i}"} for i in range(5)]
+    messages = [(r["id"], json.loads(debezium_event("c", r, 10 + i))["payload"]) for i, r in enumerate(rows)]
+    messages.append(("o1", json.loads(debezium_event("u", {**rows[1], "v": "new"}, 20, before=rows[1]))["payload"]))
+    produce(kafka_broker, topic, [(k, json.dumps(p).encode()) for k, p in messages])
+    conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "lsn"\npartition_by = ["dt"]',
+                      source='schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, '
+                             'before STRUCT<id: STRING, dt: STRING, v: STRING>, '
+                             'after STRUCT<id: STRING, dt: STRING, v: STRING>"\nenvelope = "debezium"')
+    run(str(conf), once=True)
+    expected = [{**r, "v": "new" if r["id"] == "o1" else r["v"]} for r in rows]
+    assert table_rows(str(tmp_path / "data" / "table"), ["id", "dt", "v"]) == expected
