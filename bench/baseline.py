@@ -94,11 +94,17 @@ class SparkMerge:
         spark.conf.set(self.TXN_APP_ID, self.app_id)
         spark.conf.set(self.TXN_VERSION, str(batch_id))
         try:
-            (SparkDeltaTable.forPath(spark, self.uri).alias("t").merge(source.alias("s"), on)
-             .whenMatchedDelete(condition=f"s.op = 'd' AND {newer}")
-             .whenMatchedUpdateAll(condition=f"s.op <> 'd' AND {newer}")
-             .whenNotMatchedInsertAll(condition="s.op <> 'd'")
-             .execute())
+            target = SparkDeltaTable.forPath(spark, self.uri)
+            merge = (target.alias("t").merge(source.alias("s"), on)
+                     .whenMatchedDelete(condition=f"s.op = 'd' AND {newer}"))
+            if set(target.toDF().columns) <= set(df.columns):
+                merge = (merge.whenMatchedUpdateAll(condition=f"s.op <> 'd' AND {newer}")
+                         .whenNotMatchedInsertAll(condition="s.op <> 'd'"))
+            else:  # an identity column: `*` would name it, so the source's columns by name
+                values = {c: f"s.`{c}`" for c in df.columns}
+                merge = (merge.whenMatchedUpdate(condition=f"s.op <> 'd' AND {newer}", set=values)
+                         .whenNotMatchedInsert(condition="s.op <> 'd'", values=values))
+            merge.execute()
         finally:  # session-wide: another query's write must not carry this batch's id
             spark.conf.unset(self.TXN_APP_ID)
             spark.conf.unset(self.TXN_VERSION)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 
 from bench.baseline import HandWrittenMerge, SparkMerge
 from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
@@ -35,6 +36,26 @@ TAG_ON = {"sink": "auto", "sink-executors": "executors", "sink-merge": "auto", "
 COMMIT_MODE = {"sink": "auto", "sink-executors": "auto", "sink-merge": "merge", "sink-spark-dv": "auto",
                "sink-spark-dv-executors": "auto", "sink-unverified": "auto", "sink-executors-unverified": "auto"}
 DELETION_VECTORS = ("sink-spark-dv", "sink-spark-dv-executors")
+# The tables Spark users create, every contender's copy altered alike, events and MERGE the
+# same. "all-features" is built by Spark SQL, since column mapping, identity and generated
+# columns cannot be added to a table: deletion vectors, the change data feed, column mapping by
+# name, a CHECK constraint, a generated column the stream carries and an identity column.
+VARIANTS = {
+    "change-data-feed": ("ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')",),
+    "check-constraint": ("ALTER TABLE delta.`{uri}` ADD CONSTRAINT amount_positive CHECK (amount > 0)",),
+    "all-features": (),
+}
+FEATURES_DDL = (
+    "CREATE TABLE delta.`{uri}` (id STRING, dt STRING, event_time TIMESTAMP, op STRING, amount DOUBLE, "
+    "payload STRING, op_code STRING GENERATED ALWAYS AS (upper(op)), row_id BIGINT GENERATED ALWAYS AS IDENTITY) "
+    "USING delta PARTITIONED BY (dt) TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', "
+    "'delta.enableChangeDataFeed' = 'true', 'delta.columnMapping.mode' = 'name')",
+    "ALTER TABLE delta.`{uri}` ADD CONSTRAINT amount_positive CHECK (amount > 0)",
+    "INSERT INTO delta.`{uri}` (id, dt, event_time, op, amount, payload) "
+    "SELECT id, dt, event_time, op, amount, payload FROM delta.`{plain}`",
+)
+GENERATED = {"all-features": {"op_code": "upper(op)"}}
+VARIANT_CONTENDERS = ("spark-merge-careful", "sink", "sink-executors")
 # The sampled verification's cost: the sink with it off (verify_fraction = 0) beside the default.
 UNVERIFIED = ("sink-unverified", "sink-executors-unverified")
 VERIFICATION = ("sink", "sink-unverified", "sink-executors", "sink-executors-unverified", "baseline")
@@ -59,12 +80,16 @@ class Timed:
             pickle.dump((seconds, reports[-1] if reports else None, merges[-1] if merges else None), f)
 
 
-def stream(spark, landing: Path, checkpoint: Path, foreach) -> tuple[list[float], list, list[float]]:
+def stream(spark, landing: Path, checkpoint: Path, foreach, generated: dict[str, str] | None = None
+           ) -> tuple[list[float], list, list[float]]:
     """Run one availableNow query over `landing`, one file per batch: seconds per batch, the
-    sink's reports, and the hand-written MERGE's own seconds per batch."""
+    sink's reports, and the hand-written MERGE's own seconds per batch. `generated`: columns
+    the stream computes (a table's generated columns, as a producer would)."""
     out = checkpoint.parent / "batches.pickle"
-    query = (spark.readStream.format("parquet").schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1)
-             .load(str(landing)).writeStream.foreachBatch(Timed(foreach, out))
+    source = spark.readStream.format("parquet").schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1).load(str(landing))
+    for name, expression in (generated or {}).items():
+        source = source.withColumn(name, F.expr(expression))
+    query = (source.writeStream.foreachBatch(Timed(foreach, out))
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     query.awaitTermination()
     batches = []
@@ -85,6 +110,27 @@ def table_contents(uri: str) -> pa.Table:
     else:
         rows = table.to_pyarrow_table()
     return rows.sort_by([("id", "ascending"), ("dt", "ascending")]).combine_chunks()
+
+
+def table_checksum(spark, uri: str) -> tuple[int, int, int]:
+    """(rows, the sum of every row's hash, distinct identity values) as Spark reads the table:
+    equal tables give equal sums. The identity column is left out of the hash, since which row
+    gets which value depends on the writer; its values must be distinct all the same."""
+    table = spark.read.format("delta").load(uri)
+    columns = [c for c in table.columns if c != "row_id"]
+    row = table.select(F.count("*"), F.sum(F.xxhash64(*columns).cast("decimal(38,0)")),
+                       F.countDistinct("row_id") if "row_id" in table.columns else F.count("*")).first()
+    return int(row[0]), int(row[1] or 0), int(row[2])
+
+
+def variant_template(spark, plain: Path, variant: str) -> Path:
+    """The starting table for `variant`: `plain` itself, or (all-features) Spark SQL's copy."""
+    if variant != "all-features":
+        return plain
+    template = plain.with_name(f"{plain.name}-{variant}")
+    for statement in FEATURES_DDL:
+        spark.sql(statement.format(uri=template, plain=plain))
+    return template
 
 
 def index_memory(index_dir: Path) -> tuple[int, int]:
@@ -131,16 +177,19 @@ def breakdown(phases: dict[str, float]) -> str:
 
 def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, batches: int,
              batch_rows: int, num_shards: int, contenders: tuple[str, ...] = CONTENDERS,
-             executor_index_dirs: bool = False, remote: bool = False) -> dict:
+             executor_index_dirs: bool = False, remote: bool = False, variant: str | None = None) -> dict:
     """`executor_index_dirs`: leave index_dir unset, so each executor keeps its own replicas.
-    `remote`: a Spark Connect session, whose server's Python worker runs the batches."""
-    case = work / f"{workload}-{table_rows}"
+    `remote`: a Spark Connect session, whose server's Python worker runs the batches.
+    `variant`: one of VARIANTS, every contender's table altered alike and compared by Spark."""
+    case = work / (f"{workload}-{table_rows}" + (f"-{variant}" if variant else ""))
     landing = case / "landing"
     write_batches(landing, WORKLOADS[workload], table_rows, batches, batch_rows)
     results = {}
     for name in contenders:
         uri = case / name / "table"
         shutil.copytree(template, uri)
+        for statement in VARIANTS.get(variant, ()):
+            spark.sql(statement.format(uri=uri))
         if name not in BASELINES:
             if name in DELETION_VECTORS:
                 spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
@@ -149,11 +198,11 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                              index_dir=None if executor_index_dirs else str(case / name / "index"),
                              num_shards=num_shards, metrics_port=0, tag_on=TAG_ON[name],
                              commit_mode=COMMIT_MODE[name],
-                             engine="delta-spark" if name in DELETION_VECTORS else "deltalake",
+                             engine="delta-spark" if name in DELETION_VECTORS else "auto" if variant else "deltalake",
                              **({"verify_fraction": 0.0} if name in UNVERIFIED else {}))
             file_cache.WRITTEN.clear()  # the previous case's files
             sink = UpsertSink(cfg)
-            seconds, reports, _ = stream(spark, landing, case / name / "cp", sink)
+            seconds, reports, _ = stream(spark, landing, case / name / "cp", sink, GENERATED.get(variant))
             sink.close()  # saves the key filters
             extra = {
                 **report_figures(reports, remote),
@@ -174,16 +223,22 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
                 extra["key_filter_bytes"] = index_memory(case / name / "index")[1]
         else:
             merge = BASELINES[name](str(uri))
-            seconds, _, merge_seconds = stream(spark, landing, case / name / "cp", merge)
+            seconds, _, merge_seconds = stream(spark, landing, case / name / "cp", merge, GENERATED.get(variant))
             above = [s - m for s, m in zip(seconds, merge_seconds)]
             extra = {"above_commit": round(median_after_first(above), 3)}
         results[name] = {"batch_seconds": [round(s, 3) for s in seconds],
                          "median_after_first": round(median_after_first(seconds), 3), **extra}
-    expected = table_contents(str(case / "baseline" / "table"))
-    equal = all(table_contents(str(case / name / "table")).equals(expected) for name in contenders)
+    if variant:
+        sums = {name: table_checksum(spark, str(case / name / "table")) for name in contenders}
+        equal = len(set(sums.values())) == 1 and all(rows == ids for rows, _, ids in sums.values())
+        table_rows_now = next(iter(sums.values()))[0]
+    else:
+        expected = table_contents(str(case / "baseline" / "table"))
+        equal = all(table_contents(str(case / name / "table")).equals(expected) for name in contenders)
+        table_rows_now = expected.num_rows
     for figures in results.values():
         if "key_filter_bytes" in figures:  # per key of the table (the index also holds tombstones)
-            figures["key_filter_bytes_per_key"] = round(figures.pop("key_filter_bytes") / expected.num_rows, 3)
+            figures["key_filter_bytes_per_key"] = round(figures.pop("key_filter_bytes") / table_rows_now, 3)
     # Executor tagging's Python workers keep their replicas open and checkpoint them once idle
     # (sink.index.worker_replicas): a checkpoint may write into a directory being removed.
     shutil.rmtree(case, ignore_errors=True)
@@ -191,7 +246,7 @@ def run_case(spark, work: Path, template: Path, workload: str, table_rows: int, 
               round(results[base]["median_after_first"] / results[name]["median_after_first"], 2)
               for base in contenders if base in BASELINES for name in contenders if name not in BASELINES}
     return {"workload": workload, "table_rows": table_rows, "batches": batches, "batch_rows": batch_rows,
-            **results, **ratios, "tables_equal": equal}
+            **({"variant": variant} if variant else {}), **results, **ratios, "tables_equal": equal}
 
 
 def run_tiny(spark, work: Path, table_rows: int, batch_sizes: list[int], batches: int, num_shards: int = 2,
@@ -241,20 +296,27 @@ def run_child(spark, sizes: list[int], batches: int, batch_rows: int, shards: in
 
 def run(spark, work: Path, sizes: list[int], workloads: list[str], batches: int, batch_rows: int,
         num_shards: int, log=print, contenders: tuple[str, ...] = CONTENDERS,
-        executor_index_dirs: bool = False, remote: bool = False) -> list[dict]:
+        executor_index_dirs: bool = False, remote: bool = False, variants: tuple[str | None, ...] = (None,)
+        ) -> list[dict]:
+    """Each workload at each size, on each of `variants` of the starting table (None: as written)."""
     out = []
     for rows in sizes:
-        template = work / f"start-{rows}"
+        plain = work / f"start-{rows}"
         started = time.perf_counter()
-        write_start_table(str(template), rows)
+        write_start_table(str(plain), rows)
         log(f"starting table {rows:,} rows in {time.perf_counter() - started:.1f}s")
-        for workload in workloads:
-            case = run_case(spark, work, template, workload, rows, batches, batch_rows, num_shards, contenders,
-                            executor_index_dirs, remote)
-            figures = ", ".join(f"{name} {case[name]['median_after_first']}s" for name in contenders)
-            log(f"{workload} {rows:,} per batch: {figures}; tables equal: {case['tables_equal']}")
-            for name in (n for n in contenders if n not in BASELINES):
-                log(f"  {name} phases (s): {breakdown(case[name]['phases'])}")
-            out.append(case)
-        shutil.rmtree(template)
+        for variant in variants:
+            template = variant_template(spark, plain, variant) if variant else plain
+            for workload in workloads:
+                case = run_case(spark, work, template, workload, rows, batches, batch_rows, num_shards, contenders,
+                                executor_index_dirs, remote, variant)
+                figures = ", ".join(f"{name} {case[name]['median_after_first']}s" for name in contenders)
+                log(f"{workload} {rows:,}{f' ({variant})' if variant else ''} per batch: {figures}; "
+                    f"tables equal: {case['tables_equal']}")
+                for name in (n for n in contenders if n not in BASELINES):
+                    log(f"  {name} phases (s): {breakdown(case[name]['phases'])}")
+                out.append(case)
+            if template != plain:
+                shutil.rmtree(template)
+        shutil.rmtree(plain)
     return out

@@ -157,16 +157,26 @@ def against_spark(spark, work: Path, params: dict, result: dict, save) -> None:
     save()
     result["e2e_deletion_vectors"] = deletion_vector_figures(spark, work, params)
     save()
+    result["e2e_table_features"] = table_feature_figures(spark, work, params)
+    save()
     result["global"] = global_bench.run(spark, work, params["sizes"], params["batches"], params["batch_rows"],
                                         workloads=("global",))
     save()
 
 
 def deletion_vector_figures(spark, work: Path, params: dict) -> list[dict]:
-    """The events case on a table with deletion vectors: delta-spark's careful MERGE against the
-    sink's merge-on-read, both tagging paths."""
+    """The events and update-heavy cases on a table with deletion vectors: delta-spark's careful
+    MERGE against the sink's merge-on-read, both tagging paths."""
+    return e2e.run(spark, work, params["sizes"], ["events", "update-heavy"], params["batches"], params["batch_rows"],
+                   num_shards=2, contenders=("baseline", "spark-merge-careful-dv", *e2e.DELETION_VECTORS))
+
+
+def table_feature_figures(spark, work: Path, params: dict) -> list[dict]:
+    """The events case on a table with the change data feed, one with a CHECK constraint, and
+    one with every feature at once (e2e.VARIANTS): delta-spark's careful MERGE against the sink,
+    both tagging paths."""
     return e2e.run(spark, work, params["sizes"], ["events"], params["batches"], params["batch_rows"], num_shards=2,
-                   contenders=("baseline", "spark-merge-careful-dv", *e2e.DELETION_VECTORS))
+                   contenders=e2e.VARIANT_CONTENDERS, variants=tuple(e2e.VARIANTS))
 
 
 def verification_figures(spark, work: Path, params: dict) -> list[dict]:
@@ -212,7 +222,7 @@ def main() -> None:
                         help="only the sink against delta-spark's MERGE: end to end, deletion vectors, global scope, "
                              "two executors")
     parser.add_argument("--deletion-vectors", action="store_true",
-                        help="only the deletion-vector case of --against-spark (events)")
+                        help="only the deletion-vector and table-feature cases of --against-spark")
     parser.add_argument("--sizes", type=int, nargs="+",
                         help="with --against-spark or --deletion-vectors: table rows (default: the run's)")
     parser.add_argument("--batches", type=int, help="with --against-spark, --deletion-vectors or --verification: "
@@ -232,16 +242,18 @@ def main() -> None:
         return
     if args.verification or args.deletion_vectors:
         params = {**params, "sizes": args.sizes or params["sizes"], "batches": args.batches or params["batches"]}
-        case, figures = (("verification", verification_figures) if args.verification else
-                         ("e2e_deletion_vectors", deletion_vector_figures))
-        result = {"name": f"{case.removeprefix('e2e_').replace('_', '-')}-{name}",
+        cases = ({"verification": verification_figures} if args.verification else
+                 {"e2e_deletion_vectors": deletion_vector_figures, "e2e_table_features": table_feature_figures})
+        result = {"name": f"{next(iter(cases)).removeprefix('e2e_').replace('_', '-')}-{name}",
                   "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine(),
                   "parameters": params}
         spark = e2e_session()
         work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))
         try:
             e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
-            result[case] = figures(spark, work, params)
+            for case, figures in cases.items():
+                result[case] = figures(spark, work, params)
+                write(result, started, plotted=False)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             spark.stop()
@@ -277,8 +289,11 @@ def main() -> None:
         e2e.warm_up(spark, work, num_shards=2, batch_rows=params["batch_rows"])
         result["e2e"] = e2e.run(spark, work, params["sizes"], params["workloads"], params["batches"],
                                 params["batch_rows"], num_shards=2)
-        print("== delta-spark's MERGE on a table with deletion vectors (events)", flush=True)
+        print("== delta-spark's MERGE on a table with deletion vectors (events, update-heavy)", flush=True)
         result["e2e_deletion_vectors"] = deletion_vector_figures(spark, work, params)
+        print("== delta-spark's MERGE on tables with the change data feed, a CHECK constraint, all features",
+              flush=True)
+        result["e2e_table_features"] = table_feature_figures(spark, work, params)
         print("== the sampled verification's cost (events, verify_fraction on and off)", flush=True)
         result["verification"] = verification_figures(spark, work, params)
         print("== tiny batches (events mix)", flush=True)
