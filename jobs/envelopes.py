@@ -48,13 +48,14 @@ def debezium_select(schema: StructType) -> list[str]:
     return exprs
 
 
-def unavailable_guard(schema: StructType, columns: list[str]) -> str | None:
+def unavailable_guard(schema: StructType, columns: list[str], ops: tuple[str, ...] = ()) -> str | None:
     """A `quarantine_when` expression true for a record whose string column (of `after`, among
-    the stream's `columns`) holds Debezium's placeholder for a value it did not receive: the
-    stored value cannot be kept yet, and writing the placeholder over it would be silent
-    damage (None: no such column)."""
+    the stream's `columns`) holds Debezium's placeholder for a value it did not receive, where
+    the stored value cannot be kept: in a history table, or in the events of `ops` (all when
+    empty), and writing the placeholder would be silent damage (None: no such column)."""
     after = {f.name: f.dataType for f in schema["after"].dataType.fields}
     strings = [n for n in columns if isinstance(after.get(n), StringType)]
     if not strings:
         return None
-    return " OR ".join(f"{quoted_column(n)} = '{UNAVAILABLE_VALUE}'" for n in strings)
+    held = " OR ".join(f"{quoted_column(n)} = '{UNAVAILABLE_VALUE}'" for n in strings)
+    return f"op IN ({', '.join(repr(op) for op in ops)}) AND ({held})" if ops else held

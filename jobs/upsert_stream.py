@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 from pyspark.sql.types import StringType, StructType  # noqa: E402
 
 from jobs import kafka_source  # noqa: E402
-from jobs.envelopes import debezium_select, unavailable_guard  # noqa: E402
+from jobs.envelopes import UNAVAILABLE_VALUE, debezium_select, unavailable_guard  # noqa: E402
 from jobs.job_config import JobConfig, SourceConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import SinkConfig, UpsertSink  # noqa: E402
@@ -85,17 +85,24 @@ def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None):
 
 
 def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> SinkConfig:
-    """A Debezium table's config: its `quarantine_when` also sends to quarantine the records with
-    Debezium's placeholder for a value it did not receive (PostgreSQL's unchanged TOAST values
-    under REPLICA IDENTITY DEFAULT) instead of writing it over the stored value, and its
-    freshness is measured from the envelope's `ts_ms` unless `freshness_column` says otherwise."""
+    """A Debezium table's config: Debezium's placeholder for a value it did not receive
+    (PostgreSQL's unchanged TOAST values under REPLICA IDENTITY DEFAULT) is its `unchanged_value`,
+    so an update keeps the stored value. Where nothing stored can stand in, the records holding
+    it go to quarantine: creates and snapshot reads (a primary key change's create carries the
+    placeholder for its old key's value), and every event of a history table (scd_type = 2) or
+    of a stream without `op`, where creates cannot be told apart. Its freshness is measured
+    from the envelope's `ts_ms` unless `freshness_column` says otherwise."""
     if src.envelope != "debezium":
         return sink
     changes = {}
-    guard = unavailable_guard(StructType.fromDDL(src.schema), columns)
-    if guard:
-        given = sink.quarantine_when
-        changes["quarantine_when"] = f"({given}) OR {guard}" if given else guard
+    if sink.unchanged_value is None:
+        keeps = sink.scd_type != 2 and "op" in columns
+        guard = unavailable_guard(StructType.fromDDL(src.schema), columns, ("c", "r") if keeps else ())
+        if keeps:
+            changes["unchanged_value"] = UNAVAILABLE_VALUE
+        if guard:
+            given = sink.quarantine_when
+            changes["quarantine_when"] = f"({given}) OR {guard}" if given else guard
     if sink.freshness_column is None and "ts_ms" in columns:
         changes["freshness_column"] = "ts_ms"
     return dataclasses.replace(sink, **changes)

@@ -71,6 +71,14 @@ class SinkConfig:
     """Partial updates, like AUTO CDC's `ignore_null_updates`: an update's null columns keep the
     stored value. A key's records in one batch fold in order; a delete still removes the row,
     and an upsert after it starts from nulls; in a history table nulls fill in sequence order."""
+    unchanged_value: str | None = None
+    """A string value that stands for a value the source did not send (Debezium's
+    `__debezium_unavailable_value`, for a PostgreSQL TOAST column an update left unchanged
+    under the default replica identity): in an update, a string column holding it keeps the
+    stored value, and the rest of the update is applied. A record holding it for a key the table
+    does not store (new to the table, or deleted earlier in the batch) fails the batch with an
+    UnchangedValueError: the placeholder is never written. Not with `scd_type = 2`. The ready
+    job sets it on Debezium tables. Default: none."""
     freshness_column: str | None = None
     """A column holding when the source made each change: epoch milliseconds as a BIGINT
     (Debezium's `ts_ms`) or a TIMESTAMP. Each batch then reports its records' end-to-end
@@ -336,7 +344,7 @@ class SinkConfig:
         """Every row a batch writes is one of its records as it arrived, not a partial update
         merged with the stored row nor a history table's rebuilt version: checking the records
         against the table's CHECK constraints, invariants and generated columns checks the rows."""
-        return self.scd_type == 1 and not self.ignore_null_updates
+        return self.scd_type == 1 and not self.ignore_null_updates and self.unchanged_value is None
 
     @property
     def tombstone_key(self) -> list[str]:

@@ -84,6 +84,7 @@ class StreamSection:
     schema_evolution: SchemaEvolution
     check_constraints: CheckConstraints
     freshness_column: str | None = None
+    unchanged_value: str | None = None
 
     @property
     def incoming_wins_ties(self) -> bool:
@@ -105,8 +106,13 @@ class StreamSection:
         require_bool("ignore_null_updates", cfg.ignore_null_updates)
         if cfg.freshness_column is not None:
             require_str("freshness_column", cfg.freshness_column)
+        if cfg.unchanged_value is not None:
+            require_str("unchanged_value", cfg.unchanged_value)
+            if cfg.scd_type == 2:
+                raise ConfigError("unchanged_value applies to scd_type = 1: a history table rebuilds its versions "
+                                  "from the events, which would keep the placeholder")
         return cls(cfg.delete_when, cfg.quarantine_when, cfg.corrupt_record_column, cfg.ignore_null_updates, cfg.ties,
-                   cfg.schema_evolution, cfg.check_constraints, cfg.freshness_column)
+                   cfg.schema_evolution, cfg.check_constraints, cfg.freshness_column, cfg.unchanged_value)
 
 
 @dataclass(frozen=True)

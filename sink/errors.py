@@ -73,3 +73,8 @@ class ConstraintViolationError(SinkError):
 class DeletionVectorError(SinkError):
     """A deletion vector in the table does not read as the protocol's format says (its size,
     CRC-32, magic number or cardinality disagree with its descriptor): nothing was written."""
+
+
+class UnchangedValueError(SinkError):
+    """A write holds `unchanged_value` (a value its source did not send) for a key the table
+    does not store: there is no stored value to keep, and the placeholder is never written."""

@@ -110,7 +110,7 @@ def _for_writing(ctx: TaskContext, records: pa.Table, pids: pa.Array) -> pa.Tabl
                                    pa.array([HISTORY_EVENT] * writes.num_rows, pa.string()))
     elif ctx.table.scope == "global":
         writes = placed(writes, pids.filter(written), ctx.table.partition_by)
-        if ctx.ignore_null_updates:
+        if ctx.keeps_stored_values:
             table = DeltaTable(ctx.table.table_uri, version=ctx.table_version)
             writes = keep_stored_values(writes, lambda p, cols: rows_in(table, p, cols),
                                         pa.schema(table.schema().to_arrow()).names, ctx.table.key,
@@ -284,11 +284,15 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
     kept = C.stream_columns(rows.column_names) + [
         C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.table.ordering))]
     partial = pa.nulls(rows.num_rows, pa.bool_())
-    if ctx.ignore_null_updates:
+    if ctx.keeps_stored_values:
         keys_only = (*ctx.table.key, *ctx.table.partition_by, *ctx.table.ordering)
         values = [n for n in C.stream_columns(rows.column_names) if n not in keys_only]
         groups = inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
-        rows, partial = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write)
+        rows, folded = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write,
+                                  nulls_kept=ctx.ignore_null_updates, unchanged=ctx.stream.unchanged_value,
+                                  key_cols=ctx.table.key)
+        if ctx.ignore_null_updates:  # PARTIAL: the write's nulls keep stored values
+            partial = folded
     tagged = (
         rows.select(kept).append_column(C.OP, result.op)
         .append_column(C.WRITE, result.write)

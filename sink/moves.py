@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from sink import columns as C
 from sink import keys
-from sink.partial import fill_from_stored
+from sink.partial import fill_from_stored, unchanged_rows
 from sink.tagging import DELETE, INSERT, UPDATE
 
 # (partition ids, columns) -> those columns of the table's rows in those partitions.
@@ -43,11 +43,12 @@ def keep_stored_values(writes: pa.Table, read_rows: ReadRows, table_columns: Seq
                        key_cols: Sequence[str], partition_cols: Sequence[str],
                        ordering: Sequence[str]) -> pa.Table:
     """Partial updates (`placed` writes): a moved key's new row (an insert in its new
-    partition) takes the stored row's values where its own are null, read from the rows it
-    replaces."""
-    moved_in = pc.fill_null(pc.and_(pc.equal(writes.column(C.WRITE), INSERT),
-                                    pc.and_(pc.is_valid(writes.column(C.STORED_AT)), writes.column(C.PARTIAL))),
+    partition) takes the stored row's values where its own are null (PARTIAL) or UNCHANGED,
+    read from the rows it replaces."""
+    nulls_kept = pc.fill_null(writes.column(C.PARTIAL), False)
+    moved_in = pc.fill_null(pc.and_(pc.equal(writes.column(C.WRITE), INSERT), pc.is_valid(writes.column(C.STORED_AT))),
                             False)
+    moved_in = pc.and_(moved_in, pc.or_(nulls_kept, unchanged_rows(writes)))
     if not pc.any(moved_in).as_py():
         return writes
     keys_only = {*key_cols, *partition_cols, *ordering}
@@ -55,7 +56,8 @@ def keep_stored_values(writes: pa.Table, read_rows: ReadRows, table_columns: Seq
     moving = writes.filter(moved_in)
     stored = read_rows(pc.unique(moving.column(C.STORED_AT)).to_pylist(), C.distinct(key_cols, partition_cols, values))
     filled = fill_from_stored(moving, moving.column(C.STORED_AT), stored,
-                              keys.partition_ids(stored, partition_cols), key_cols, values)
+                              keys.partition_ids(stored, partition_cols), key_cols, values,
+                              nulls_kept=nulls_kept.filter(moved_in))
     return pa.concat_tables([writes.filter(pc.invert(moved_in)), filled])
 
 

@@ -1,10 +1,14 @@
-"""Partial updates (`ignore_null_updates`): an update's null columns keep the stored value.
+"""Partial updates: an update's null columns (`ignore_null_updates`), or its string columns
+holding `unchanged_value` (a value the source did not send, as Debezium's placeholder for an
+unchanged PostgreSQL TOAST column), keep the stored value.
 
 A key's records in one batch are applied in (ordering, arrival) order, so its write must
-carry, per column, the last non-null value of the records applied since the key's last
-delete in the batch; the MERGE then fills the columns still null from the stored row
-(`coalesce(source, target)`). A key deleted earlier in the batch has no stored values to
-keep: its write replaces the row whole (not partial).
+carry, per column, the last value given by the records applied since the key's last delete
+in the batch; the commit then fills the columns still not given from the stored row
+(`coalesce(source, target)` for nulls; UNCHANGED, which the write carries in place of
+`unchanged_value`, for the others). A key deleted earlier in the batch has no stored values
+to keep: its write replaces the row whole (not partial), and one that still lacks a value
+it cannot take from a stored row fails the batch (UnchangedValueError).
 """
 
 from __future__ import annotations
@@ -15,10 +19,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sink.errors import UnchangedValueError
 from sink.tagging import DELETE, INSERT, UPDATE
 
 _APPLIED = pa.array([INSERT, UPDATE, DELETE])
 _UPSERTS = pa.array([INSERT, UPDATE])
+# What a write carries where the stored value stays: one value whatever `unchanged_value` is,
+# so the commit paths need not know the setting.
+UNCHANGED = "__upsert_sink_unchanged__"
+
+
+def is_text(field: pa.Field) -> bool:
+    return _text(field.type)
+
+
+def _text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def given(values: pa.Array, nulls_kept: bool, unchanged: str | None) -> np.ndarray:
+    """Per value: whether it replaces the stored one (not null under `nulls_kept`, not
+    `unchanged` in a string column)."""
+    out = pc.is_valid(values).to_numpy(zero_copy_only=False) if nulls_kept else np.ones(len(values), bool)
+    if unchanged is not None and _text(values.type):
+        out &= pc.fill_null(pc.not_equal(values, unchanged), True).to_numpy(zero_copy_only=False)
+    return out
 
 
 def fold_nulls(
@@ -29,18 +54,36 @@ def fold_nulls(
     arrivals: pa.Array,
     op: pa.Array,
     write: pa.Array,
+    *,
+    nulls_kept: bool = True,
+    unchanged: str | None = None,
+    key_cols: Sequence[str] = (),
 ) -> tuple[pa.Table, pa.Array]:
-    """`rows` with each upsert write's null `value_cols` filled from the key's earlier
-    records in the batch, and the partial flag of each record: on an upsert write, whether
-    the MERGE keeps stored values in its null columns (no delete of the key in the batch);
-    null elsewhere. `groups` names each record's key (with its partition where keys are
-    unique per partition), `orderings` one int64 array per ordering column; arrays are aligned
-    with `rows`."""
-    n = rows.num_rows
-    upsert_write = pc.fill_null(pc.is_in(write, _UPSERTS), False).to_numpy(zero_copy_only=False)
+    """`rows` with each upsert write's `value_cols` not given (null, under `nulls_kept`;
+    `unchanged` in a string column) filled from the key's earlier records in the batch, and
+    the partial flag of each record: on an upsert write, whether the commit keeps stored
+    values in the columns it does not give (no delete of the key in the batch); null
+    elsewhere. `groups` names each record's key (with its partition where keys are unique per
+    partition), `orderings` one int64 array per ordering column; arrays are aligned with
+    `rows`. Where `unchanged` is set, a write's values still `unchanged` become UNCHANGED;
+    UnchangedValueError when such a write has no stored row to take them from (an insert, or
+    an upsert after a delete in the batch), naming the record's `key_cols` (its group when
+    none)."""
     applied = np.flatnonzero(pc.is_in(op, _APPLIED).to_numpy(zero_copy_only=False))
     if len(applied) == 0:
-        return rows, pa.nulls(n, pa.bool_())
+        return rows, pa.nulls(rows.num_rows, pa.bool_())
+    rows, partial_out = _fold(rows, value_cols, groups, orderings, arrivals, op, write, applied, nulls_kept, unchanged)
+    if unchanged is not None:
+        rows = _mark_unchanged(rows, value_cols, groups, write, partial_out, unchanged, key_cols)
+    return rows, partial_out
+
+
+def _fold(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, orderings: Sequence[pa.Array],
+          arrivals: pa.Array, op: pa.Array, write: pa.Array, applied: np.ndarray, nulls_kept: bool,
+          unchanged: str | None) -> tuple[pa.Table, pa.Array]:
+    """fold_nulls over the `applied` records (at least one)."""
+    n = rows.num_rows
+    upsert_write = pc.fill_null(pc.is_in(write, _UPSERTS), False).to_numpy(zero_copy_only=False)
     codes = pc.dictionary_encode(groups.take(pa.array(applied))).indices.to_numpy(zero_copy_only=False)
     # np.lexsort sorts by its last key first: key, then the ordering columns in order, then arrival.
     order = np.lexsort((arrivals.to_numpy(zero_copy_only=False)[applied],
@@ -68,12 +111,21 @@ def fold_nulls(
     runs = run_of[kept]
     run_starts = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])
     writes_at = take[np.r_[run_starts[1:], len(take)] - 1]
+    firsts = take[run_starts]
+    # A fresh run (a new key, or one deleted earlier in the batch) starts its row from its first
+    # record, nulls and all; a partial one from the stored row, which the commit fills in.
+    fresh = (total[runs[run_starts]] > 0) | pc.equal(write.take(pa.array(writes_at)), INSERT).to_numpy(
+        zero_copy_only=False)
+    first = np.zeros(len(take), bool)
+    first[run_starts] = fresh
     for c in value_cols:
         values = rows.column(c).take(pa.array(take))
-        valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+        valid = given(values, nulls_kept, unchanged) | (first & given(values, False, unchanged))
         last_valid = np.maximum.reduceat(np.where(valid, np.arange(len(take)), -1), run_starts)
-        # A column null in every record of the run stays null (the MERGE keeps the stored value).
-        source = np.where(last_valid >= 0, take[np.maximum(last_valid, 0)], writes_at)
+        # A column no record of the run gives: a partial run's write keeps it as it has it (the
+        # commit keeps the stored value); a fresh run's first record held `unchanged`, whose
+        # value is not known (UnchangedValueError below).
+        source = np.where(last_valid >= 0, take[np.maximum(last_valid, 0)], np.where(fresh, firsts, writes_at))
         index = np.arange(n)
         index[writes_at] = source
         i = rows.schema.get_field_index(c)
@@ -81,11 +133,63 @@ def fold_nulls(
     return rows, partial_out
 
 
+def _mark_unchanged(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, write: pa.Array,
+                    partial: pa.Array, unchanged: str, key_cols: Sequence[str]) -> pa.Table:
+    """The upsert writes' `unchanged` string values as UNCHANGED; UnchangedValueError for a
+    write with one and no stored row (an insert, or not partial)."""
+    upsert = pc.fill_null(pc.is_in(write, _UPSERTS), False)
+    resolvable = pc.fill_null(pc.and_(pc.equal(write, UPDATE), partial), False)
+    for c in value_cols:
+        i = rows.schema.get_field_index(c)
+        if not is_text(rows.schema.field(i)):
+            continue
+        marked = pc.fill_null(pc.and_(upsert, pc.equal(rows.column(c), unchanged)), False)
+        if not pc.any(marked).as_py():
+            continue
+        lost = pc.and_(marked, pc.invert(resolvable))
+        if pc.any(lost).as_py():
+            at = pc.index(lost, True).as_py()
+            key = {k: rows.column(k)[at].as_py() for k in key_cols} if key_cols else groups[at].as_py()
+            raise UnchangedValueError(
+                f"column {c!r} of the record for key {key!r} holds unchanged_value {unchanged!r} (the "
+                f"source did not send it), and the table has no stored row to keep it from: the key is new to the "
+                f"table, or was deleted earlier in the batch. Capture the column whole at the source (PostgreSQL: "
+                f"ALTER TABLE ... REPLICA IDENTITY FULL), or set such records aside with quarantine_when; nothing "
+                f"was written")
+        rows = rows.set_column(i, rows.schema.field(i), pc.if_else(marked, UNCHANGED, rows.column(c)))
+    return rows
+
+
+def keep_unchanged(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> list[pa.Array]:
+    """`columns` (new rows in `schema`) with UNCHANGED taken from `old`, the stored rows they replace."""
+    out = []
+    for c, f in zip(columns, schema):
+        if is_text(f):
+            c = pc.if_else(pc.fill_null(pc.equal(c, UNCHANGED), False), old.column(f.name).cast(f.type), c)
+        out.append(c)
+    return out
+
+
+def unchanged_rows(rows: pa.Table) -> pa.Array:
+    """Per row of `rows`: some string column holds UNCHANGED."""
+    out = pa.array(np.zeros(rows.num_rows, bool))
+    for f in rows.schema:
+        if is_text(f):
+            out = pc.or_(out, pc.fill_null(pc.equal(rows.column(f.name), UNCHANGED), False))
+    return out
+
+
+def has_unchanged(rows: pa.Table) -> bool:
+    """Some string column of `rows` holds UNCHANGED."""
+    return pc.any(unchanged_rows(rows)).as_py()
+
+
 def fill_from_stored(rows: pa.Table, row_pids: pa.Array, stored: pa.Table, stored_pids: pa.Array,
-                     key_cols: Sequence[str], value_cols: Sequence[str]) -> pa.Table:
-    """`rows` with their null `value_cols` taken from the `stored` row of the same key in the
-    partition `row_pids` names (global scope: a moved key's new row keeps what its old row
-    held)."""
+                     key_cols: Sequence[str], value_cols: Sequence[str], *, nulls_kept: pa.Array | None = None
+                     ) -> pa.Table:
+    """`rows` with their null (where `nulls_kept`, default all) or UNCHANGED `value_cols` taken
+    from the `stored` row of the same key in the partition `row_pids` names (global scope: a
+    moved key's new row keeps what its old row held)."""
     if rows.num_rows == 0 or stored.num_rows == 0:
         return rows
     here, there, pid = "__row", "__stored_row", "__pid"
@@ -100,8 +204,13 @@ def fill_from_stored(rows: pa.Table, row_pids: pa.Array, stored: pa.Table, store
     matched = pairs.filter(pc.is_valid(pairs.column(f"{there}_min")))
     at[matched.column(here).to_numpy()] = matched.column(f"{there}_min").to_numpy()
     take = pa.array(at, mask=at < 0)
+    nulls_kept = pa.array(np.ones(rows.num_rows, bool)) if nulls_kept is None else nulls_kept
     for c in value_cols:
         i = rows.schema.get_field_index(c)
-        kept = stored.column(c).cast(rows.schema.field(i).type).take(take)
-        rows = rows.set_column(i, rows.schema.field(i), pc.coalesce(rows.column(c), kept))
+        field, values = rows.schema.field(i), rows.column(c)
+        kept = stored.column(c).cast(field.type).take(take)
+        values = pc.if_else(nulls_kept, pc.coalesce(values, kept), values)
+        if is_text(field):
+            values = pc.if_else(pc.fill_null(pc.equal(values, UNCHANGED), False), kept, values)
+        rows = rows.set_column(i, field, values)
     return rows

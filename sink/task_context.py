@@ -63,6 +63,12 @@ class TaskContext:
         return self.stream.ignore_null_updates and not self.history
 
     @property
+    def keeps_stored_values(self) -> bool:
+        """Some updates keep stored values: null columns (ignore_null_updates) or those holding
+        unchanged_value (sink.partial)."""
+        return (self.stream.ignore_null_updates or self.stream.unchanged_value is not None) and not self.history
+
+    @property
     def deletes(self) -> bool:
         """The stream marks deletes (delete_when)."""
         return self.stream.delete_when is not None

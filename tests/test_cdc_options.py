@@ -1,7 +1,8 @@
 """CDC options, checked on the published examples they come from."""
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 from sink import SchemaError, SinkConfig, UpsertSink
 from sink.config import HIDDEN_ORDERING_PREFIX
@@ -166,7 +167,9 @@ def partial_config(tmp_path, **extra):
 
 
 def rows_of(uri):
-    return sorted(tuple(r.values()) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
+    """The table's rows as delta-rs' query engine reads them (deletion vectors applied)."""
+    rows = QueryBuilder().register("t", DeltaTable(uri)).execute("SELECT * FROM t").read_all()
+    return sorted(tuple(r.values()) for r in pa.table(rows).to_pylist())
 
 
 @pytest.mark.parametrize("engine", ENGINE_OPTIONS)
@@ -266,3 +269,68 @@ def test_several_ordering_columns_are_checked_like_one(tmp_path):
         sequenced_config(tmp_path, ordering=["ts", "userId"])
     with pytest.raises(ConfigError, match=r"ordering lists a column twice: \['ts', 'ts'\]"):
         sequenced_config(tmp_path, ordering=["ts", "ts"])
+
+
+# unchanged_value: Debezium's placeholder for a PostgreSQL TOAST value an update left alone.
+UNAVAILABLE = "__debezium_unavailable_value"
+TOASTED = "k INT, price DOUBLE, title STRING, note STRING, seq INT"
+
+
+def toasted_config(tmp_path, **extra):
+    options = {"unchanged_value": UNAVAILABLE, **extra}
+    return SinkConfig(table_uri=str(tmp_path / "docs"), key=["k"], ordering="seq", writer_id="docs",
+                      index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, **options)
+
+
+@pytest.mark.parametrize("tag_on, options, updates", [
+    ("driver", {}, "rewrite"), ("executors", {}, "rewrite"),
+    ("driver", {"commit_mode": "merge-on-read"}, "merge-on-read"),
+    ("executors", {"commit_mode": "merge-on-read"}, "merge-on-read"),
+    ("executors", {"commit_mode": "merge"}, "merge"), ("driver", ENGINE_OPTIONS["delta-spark"], "merge")])
+def test_unchanged_values_keep_the_stored_value_and_the_rest_of_the_update_applies(spark, tmp_path, tag_on, options,
+                                                                                   updates):
+    cfg = toasted_config(tmp_path, tag_on=tag_on, **options)
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame([(1, 9.5, "long text 1", "n1", 1), (2, 1.0, "long text 2", "n2", 1),
+                                (3, 3.0, "t3", "n3", 1)], TOASTED), 0)
+    # Key 1: the title unchanged, the note set to null (a null is a value here); key 2: two
+    # updates in one batch, both leaving the title alone.
+    sink(spark.createDataFrame([(1, 10.0, UNAVAILABLE, None, 2), (2, 2.0, UNAVAILABLE, UNAVAILABLE, 2),
+                                (2, 2.5, UNAVAILABLE, "n2b", 3)], TOASTED), 1)
+    sink(spark.createDataFrame([(3, 4.0, UNAVAILABLE, "n3c", 2)], TOASTED), 2)
+    assert rows_of(cfg.table_uri) == [(1, 10.0, "long text 1", None, 2), (2, 2.5, "long text 2", "n2b", 3),
+                                      (3, 4.0, "t3", "n3c", 2)]
+    assert [r.mode for r in sink.reports] == ["append", updates, updates]
+    assert [r.ops["update"] for r in sink.reports] == [0, 2, 1]
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_unchanged_values_stay_when_a_global_key_moves(spark, tmp_path, tag_on):
+    cfg = toasted_config(tmp_path, scope="global", partition_by=["dt"], tag_on=tag_on)
+    schema = "k INT, dt STRING, title STRING, seq INT"
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame([(1, "2026-11-01", "kept", 1), (2, "2026-11-01", "two", 1)], schema), 0)
+    sink(spark.createDataFrame([(1, "2026-11-02", UNAVAILABLE, 2), (2, "2026-11-02", None, 2)], schema), 1)
+    assert rows_of(cfg.table_uri) == [(1, "2026-11-02", "kept", 2), (2, "2026-11-02", None, 2)]
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_an_unchanged_value_for_a_key_the_table_lacks_fails_the_batch_and_writes_nothing(spark, tmp_path, tag_on):
+    cfg = toasted_config(tmp_path, tag_on=tag_on)
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame([(1, 9.5, "long text 1", "n1", 1)], TOASTED), 0)
+    before = DeltaTable(cfg.table_uri).version()
+    with pytest.raises(Exception, match="column 'title' of the record for key {'k': 9} holds unchanged_value "
+                                        f"'{UNAVAILABLE}'"):
+        sink(spark.createDataFrame([(1, 10.0, UNAVAILABLE, "n1b", 2), (9, 1.0, UNAVAILABLE, "n9", 1)], TOASTED), 1)
+    assert DeltaTable(cfg.table_uri).version() == before
+    assert rows_of(cfg.table_uri) == [(1, 9.5, "long text 1", "n1", 1)]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"unchanged_value": ""}, "unchanged_value must be a non-empty string, got ''"),
+    ({"unchanged_value": 5}, "unchanged_value must be a non-empty string, got 5"),
+    ({"scd_type": 2}, "unchanged_value applies to scd_type = 1")])
+def test_unchanged_value_config_errors(tmp_path, options, message):
+    with pytest.raises(ConfigError, match=message):
+        toasted_config(tmp_path, **options)

@@ -3,8 +3,10 @@
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from jobs.envelopes import debezium_select
+from jobs.envelopes import UNAVAILABLE_VALUE, debezium_select
 from jobs.job_config import SourceConfig
+from jobs.upsert_stream import for_debezium
+from sink import SinkConfig
 from sink.errors import ConfigError
 
 ROW = StructType([StructField("shop_id", LongType()), StructField("order_id", LongType()),
@@ -49,3 +51,35 @@ def test_an_unknown_envelope_names_the_accepted_ones():
     with pytest.raises(ConfigError, match=r"source.envelope = 'maxwell' is not accepted; accepted values: "
                                           r"\['none', 'debezium'\]"):
         SourceConfig(path="in", schema="id STRING", envelope="maxwell")
+
+
+def debezium_sink(**extra):
+    return SinkConfig(table_uri="/tmp/t", key=["order_id"], ordering="lsn", writer_id="orders", metrics_port=0,
+                      **extra)
+
+
+DEBEZIUM_SOURCE = SourceConfig(schema="op STRING, ts_ms BIGINT, before STRUCT<order_id: BIGINT>, "
+                                      "after STRUCT<order_id: BIGINT, status: STRING, note: STRING>",
+                               envelope="debezium", path="/tmp/landing")
+
+
+@pytest.mark.spark
+def test_a_debezium_table_keeps_stored_values_for_the_placeholder_and_quarantines_creates_holding_it(spark):
+    cfg = for_debezium(debezium_sink(quarantine_when="status = 'x'"), DEBEZIUM_SOURCE,
+                       ["order_id", "status", "note", "op", "ts_ms"])
+    assert cfg.unchanged_value == UNAVAILABLE_VALUE and cfg.freshness_column == "ts_ms"
+    assert cfg.quarantine_when == (f"(status = 'x') OR op IN ('c', 'r') AND (`status` = '{UNAVAILABLE_VALUE}' OR "
+                                   f"`note` = '{UNAVAILABLE_VALUE}')")
+
+
+@pytest.mark.spark
+def test_a_debezium_history_table_or_one_without_op_quarantines_every_record_holding_the_placeholder(spark):
+    for cfg in (for_debezium(debezium_sink(scd_type=2), DEBEZIUM_SOURCE, ["order_id", "status", "op"]),
+                for_debezium(debezium_sink(), DEBEZIUM_SOURCE, ["order_id", "status"])):  # no op: creates unknown
+        assert cfg.unchanged_value is None
+        assert cfg.quarantine_when == f"`status` = '{UNAVAILABLE_VALUE}'"
+
+
+def test_a_debezium_table_with_its_own_unchanged_value_is_left_as_configured():
+    cfg = for_debezium(debezium_sink(unchanged_value="??"), DEBEZIUM_SOURCE, ["order_id", "status", "op"])
+    assert (cfg.unchanged_value, cfg.quarantine_when) == ("??", None)

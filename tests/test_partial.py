@@ -1,18 +1,24 @@
 import random
 
 import pyarrow as pa
+import pytest
 
+from sink.errors import UnchangedValueError
 from sink.index.entry import Entry
-from sink.partial import fill_from_stored, fold_nulls
+from sink.partial import UNCHANGED, fill_from_stored, fold_nulls, keep_unchanged
 from sink.tagging import tag
 
 P = "dt=2025-01-01"
 VALUES = ["a", "b"]
 
 
-def fold(records, stored):
+MARKER = "__debezium_unavailable_value"
+
+
+def fold(records, stored, **options):
     """records: (key, ordering, is_delete, a, b) in arrival order; stored: key -> (ordering, a, b)
-    of live rows. Returns each record's (write, partial, a, b) after tagging and folding."""
+    of live rows. Returns each record's (write, partial, a, b) after tagging and folding
+    (`options`: fold_nulls' nulls_kept and unchanged)."""
     index = {k: Entry(o).pack() for k, (o, _, _) in stored.items()}
     n = len(records)
     keys = pa.array([r[0] for r in records], pa.string())
@@ -23,29 +29,35 @@ def fold(records, stored):
                  lambda pid, ks: [index.get(k.decode()) for k in ks])
     rows = pa.table({"k": keys, "a": pa.array([r[3] for r in records], pa.int64()),
                      "b": pa.array([r[4] for r in records], pa.string())})
-    rows, partial = fold_nulls(rows, VALUES, keys, [orderings], arrivals, result.op, result.write)
+    rows, partial = fold_nulls(rows, VALUES, keys, [orderings], arrivals, result.op, result.write, **options)
     return list(zip(result.write.to_pylist(), partial.to_pylist(), rows.column("a").to_pylist(),
                     rows.column("b").to_pylist()))
 
 
-def merged(records, stored):
-    """The table after the batch: what the MERGE makes of each write (coalesce with the stored
-    row when partial)."""
+def merged(records, stored, nulls_kept=True, unchanged=None):
+    """The table after the batch: what the commit makes of each write (coalesce with the stored
+    row when partial, under `nulls_kept`; UNCHANGED from the stored row)."""
     table = {k: (a, b) for k, (_, a, b) in stored.items()}
-    for (key, *_), (write, partial, a, b) in zip(records, fold(records, stored)):
+    folded = fold(records, stored, nulls_kept=nulls_kept, unchanged=unchanged)
+    for (key, *_), (write, partial, a, b) in zip(records, folded):
         if write == "delete":
             del table[key]
         elif write == "update" and partial:
             old = table[key]
-            table[key] = (a if a is not None else old[0], b if b is not None else old[1])
+            if nulls_kept:
+                a, b = (a if a is not None else old[0], b if b is not None else old[1])
+            table[key] = (a, old[1] if b == UNCHANGED else b)
         elif write in ("insert", "update"):
+            assert b != UNCHANGED, "a write that cannot keep the stored value must have failed the batch"
             table[key] = (a, b)
     return table
 
 
-def applied_one_by_one(records, stored):
+def applied_one_by_one(records, stored, nulls_kept=True, unchanged=None):
     """Independent oracle: each record applied alone, in (ordering, arrival) order; older than
-    the key's current ordering is stale; an update's nulls keep the current values."""
+    the key's current ordering is stale; an update's nulls (under `nulls_kept`) and its
+    `unchanged` values keep the current values. A row left holding `unchanged` (its key had no
+    row to keep it from): UnchangedValueError."""
     state = {k: (o, False, (a, b)) for k, (o, a, b) in stored.items()}
     for _, (key, o, deleting, a, b) in sorted(enumerate(records), key=lambda ir: (ir[1][0], ir[1][1], ir[0])):
         if key in state and o < state[key][0]:
@@ -57,8 +69,13 @@ def applied_one_by_one(records, stored):
             state[key] = (o, False, (a, b))
         else:
             old = current[2]
-            state[key] = (o, False, (a if a is not None else old[0], b if b is not None else old[1]))
-    return {k: row for k, (_, deleted, row) in state.items() if not deleted}
+            if nulls_kept:
+                a, b = (a if a is not None else old[0], b if b is not None else old[1])
+            state[key] = (o, False, (a, old[1] if unchanged is not None and b == unchanged else b))
+    table = {k: row for k, (_, deleted, row) in state.items() if not deleted}
+    if unchanged is not None and any(b == unchanged for _, b in table.values()):
+        raise UnchangedValueError(unchanged)
+    return table
 
 
 def test_paimon_partial_update_example_in_one_batch():
@@ -98,6 +115,59 @@ def test_random_batches_equal_records_applied_one_by_one():
                     rng.choice([None, rng.randrange(100)]), rng.choice([None, f"r{rng.randrange(9)}"]))
                    for _ in range(rng.randrange(1, 12))]
         assert merged(records, stored) == applied_one_by_one(records, stored), (records, stored)
+
+
+def test_unchanged_values_keep_the_stored_value_and_nulls_are_written():
+    stored = {"1": (1, 10, "toasted")}
+    records = [("1", 2, False, None, MARKER)]
+    assert fold(records, stored, nulls_kept=False, unchanged=MARKER) == [("update", True, None, UNCHANGED)]
+    assert merged(records, stored, nulls_kept=False, unchanged=MARKER) == {"1": (None, "toasted")}
+
+
+def test_an_unchanged_value_for_a_key_without_a_stored_row_fails_naming_key_and_column():
+    with pytest.raises(UnchangedValueError, match="column 'b' of the record for key '2' holds unchanged_value"):
+        fold([("2", 1, False, 5, MARKER)], {}, nulls_kept=False, unchanged=MARKER)
+    # Deleted earlier in the batch: nothing stored to keep either.
+    with pytest.raises(UnchangedValueError, match="key '1'"):
+        fold([("1", 2, True, None, None), ("1", 3, False, 5, MARKER)], {"1": (1, 1, "x")}, nulls_kept=False,
+             unchanged=MARKER)
+
+
+@pytest.mark.parametrize("nulls_kept", [True, False])
+def test_random_batches_with_unchanged_values_equal_records_applied_one_by_one(nulls_kept):
+    rng = random.Random(11)
+    failed = 0
+    for _ in range(400):
+        stored = {str(k): (rng.randrange(5), rng.choice([None, 1]), rng.choice([None, "s"]))
+                  for k in range(4) if rng.random() < 0.6}
+        records = [(str(rng.randrange(4)), rng.randrange(8), rng.random() < 0.2,
+                    rng.choice([None, rng.randrange(100)]), rng.choice([None, MARKER, f"r{rng.randrange(9)}"]))
+                   for _ in range(rng.randrange(1, 12))]
+        try:
+            expected = applied_one_by_one(records, stored, nulls_kept, MARKER)
+        except UnchangedValueError:
+            failed += 1
+            with pytest.raises(UnchangedValueError):
+                merged(records, stored, nulls_kept, MARKER)
+            continue
+        assert merged(records, stored, nulls_kept, MARKER) == expected, (records, stored)
+    assert 0 < failed < 400  # both outcomes were drawn
+
+
+def test_keep_unchanged_takes_string_columns_from_the_stored_rows():
+    schema = pa.schema([("n", pa.int64()), ("s", pa.string())])
+    old = pa.table({"n": [1, 2], "s": ["old-1", "old-2"]}, schema=schema)
+    columns = keep_unchanged([pa.array([7, 8]), pa.array([UNCHANGED, None])], old, schema)
+    assert [c.to_pylist() for c in columns] == [[7, 8], ["old-1", None]]
+
+
+def test_fill_from_stored_takes_unchanged_always_and_nulls_where_kept():
+    rows = pa.table({"k": [1, 2], "a": pa.array([None, None], pa.int64()), "s": [UNCHANGED, "new"]})
+    stored = pa.table({"k": [1, 2], "a": [10, 20], "s": ["s1", "s2"]})
+    out = fill_from_stored(rows, pa.array(["p", "p"]), stored, pa.array(["p", "p"]), ["k"], ["a", "s"],
+                           nulls_kept=pa.array([False, True]))
+    assert out.column("a").to_pylist() == [None, 20]
+    assert out.column("s").to_pylist() == ["s1", "new"]
 
 
 def test_fill_from_stored_takes_nulls_from_the_row_in_the_named_partition():

@@ -57,7 +57,7 @@ class RecordsCommit:
         writes = records.filter(pc.is_valid(records.column(C.WRITE)))
         if cfg.scope == "global":
             writes = placed(writes, record_partitions(writes, cfg.partition_by, cfg.scope), cfg.partition_by)
-            if cfg.ignore_null_updates:
+            if cfg.ignore_null_updates or cfg.unchanged_value is not None:
                 writes = keep_stored_values(writes, partial(rows_in, self._target.table),
                                             self._target.arrow_schema().names, cfg.key, cfg.partition_by,
                                             cfg.ordering_columns)
@@ -114,7 +114,8 @@ class SourceCommit:
             source, [keys.partition_values(p) for p in state.tagged.changed_partitions], report.ops[UPDATE],
             key_cols=cfg.key, ordering=cfg.ordering_columns, partial=cfg.ignore_null_updates,
             incoming_wins_ties=cfg.incoming_wins_ties, app_id=self._writer_id, batch_id=state.batch_id,
-            custom_metadata=commit_metadata(state), added_columns=state.added))
+            custom_metadata=commit_metadata(state), added_columns=state.added,
+            unchanged=cfg.unchanged_value is not None))
 
 
 class HistoryCommit:

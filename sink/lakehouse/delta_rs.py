@@ -242,7 +242,7 @@ class DeltaTarget:
     def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
                       key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
                       app_id: str, batch_id: int, custom_metadata: Mapping[str, str],
-                      added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
+                      added_columns: Sequence[pa.Field] = (), unchanged: bool = False) -> CommitOutcome:
         """The batch's writes as the executors hold them (`source`: the table's columns,
         WRITE_COLUMN and, when `partial`, PARTIAL_COLUMN), appended or MERGEd (pruned to
         `partitions`, those holding updated or deleted keys) by delta-rs in one Spark task:
@@ -250,7 +250,8 @@ class DeltaTarget:
         before = self.version()
         added_columns, schema = self._schema_adding(added_columns)
         self._add_columns(added_columns, before)
-        spec = UpsertSpec(schema, schema.names, key_cols, ordering, self.partition_by, incoming_wins_ties, partial)
+        spec = UpsertSpec(schema, schema.names, key_cols, ordering, self.partition_by, incoming_wins_ties, partial,
+                          unchanged)
         task = merge_task.MergeTask(self.uri, self.version(), schema,
                                     upsert_clauses(spec, partitions) if partitions else None, partial, app_id,
                                     batch_id, dict(custom_metadata))

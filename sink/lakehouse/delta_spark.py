@@ -180,7 +180,7 @@ class DeltaSparkTarget(DeltaTarget):
     def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
                       key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
                       app_id: str, batch_id: int, custom_metadata: Mapping[str, str],
-                      added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
+                      added_columns: Sequence[pa.Field] = (), unchanged: bool = False) -> CommitOutcome:
         """The batch's writes as the executors hold them: `source` has the table's columns
         (all but identity columns), WRITE_COLUMN and, when `partial`, PARTIAL_COLUMN;
         `partitions`: those holding updated or deleted keys (none: an append); `updates`: how
@@ -189,10 +189,10 @@ class DeltaSparkTarget(DeltaTarget):
             return super().commit_source(source, partitions, updates, key_cols=key_cols, ordering=ordering,
                                          partial=partial, incoming_wins_ties=incoming_wins_ties, app_id=app_id,
                                          batch_id=batch_id, custom_metadata=custom_metadata,
-                                         added_columns=added_columns)
+                                         added_columns=added_columns, unchanged=unchanged)
         added, schema = self._schema_adding(added_columns)
         spec = UpsertSpec(schema, self._written_columns(schema), key_cols, ordering, self.partition_by,
-                          incoming_wins_ties, partial)
+                          incoming_wins_ties, partial, unchanged)
         return self._commit_frame(source, partitions, updates, spec, added, app_id, batch_id, custom_metadata)
 
     def _commit_frame(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int,

@@ -104,9 +104,10 @@ class DeltaEngine(Protocol):
     def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
                       key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
                       app_id: str, batch_id: int, custom_metadata: Mapping[str, str],
-                      added_columns: Sequence[pa.Field] = ()) -> CommitOutcome:
+                      added_columns: Sequence[pa.Field] = (), unchanged: bool = False) -> CommitOutcome:
         """The batch's writes as a Spark DataFrame (when `merges_on_executors()`): appended, or
-        MERGEd pruned to `partitions`, those holding updated or deleted keys."""
+        MERGEd pruned to `partitions`, those holding updated or deleted keys; `unchanged`: its
+        string values may be UNCHANGED (unchanged_value), which keep the stored ones."""
 
     def commit_written(self, written: rewrite.Rewrite, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),

@@ -15,6 +15,7 @@ from sink.lakehouse.predicates import merge_predicate, quote_ident
 from sink.lakehouse.versions import ACTION_COLUMN, HistoryMerge
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 from sink.ordering import newer_sql
+from sink.partial import UNCHANGED, has_unchanged, is_text
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ def upsert_source(writes: Writes) -> pa.Table:
 class UpsertSpec:
     """What an upsert MERGE is built from: the table's columns (with the batch's new ones),
     those the MERGE writes (not an identity column: its values are the engine's), the
-    key, ordering and partition columns, the tie rule, and whether updates are partial
-    (the source then has PARTIAL_COLUMN)."""
+    key, ordering and partition columns, the tie rule, whether updates are partial
+    (the source then has PARTIAL_COLUMN), and whether string values may be UNCHANGED (the
+    stored value stays: unchanged_value)."""
 
     schema: pa.Schema
     columns: Sequence[str]
@@ -60,11 +62,12 @@ class UpsertSpec:
     partition_by: Sequence[str]
     incoming_wins_ties: bool
     partial: bool
+    unchanged: bool = False
 
     @classmethod
     def of(cls, writes: Writes, columns: Sequence[str]) -> UpsertSpec:
         return cls(writes.schema, columns, writes.key_cols, writes.ordering, writes.partition_by,
-                   writes.incoming_wins_ties, writes.partial)
+                   writes.incoming_wins_ties, writes.partial, has_unchanged(writes.rows))
 
 
 def upsert_clauses(spec: UpsertSpec, partitions: Sequence[Mapping[str, str]]) -> MergeClauses:
@@ -73,6 +76,11 @@ def upsert_clauses(spec: UpsertSpec, partitions: Sequence[Mapping[str, str]]) ->
     is rewritten for them."""
     types = {f.name: f.type for f in spec.schema}
     values = {quote_ident(c): f"s.{quote_ident(c)}" for c in spec.columns}
+    updated = values
+    if spec.unchanged:  # only a matched row can keep its value: inserts never hold UNCHANGED
+        text = {quote_ident(f.name) for f in spec.schema if is_text(f)}
+        updated = {c: f"CASE WHEN {v} = '{UNCHANGED}' THEN t.{c} ELSE {v} END" if c in text else v
+                   for c, v in values.items()}
     w = f"s.{quote_ident(WRITE_COLUMN)}"
     # Guard on ordering too: the index already decided, this keeps a stale
     # replica from ever overwriting a newer row.
@@ -80,11 +88,11 @@ def upsert_clauses(spec: UpsertSpec, partitions: Sequence[Mapping[str, str]]) ->
     updates = []
     whole = f"{w} <> 'delete'"
     if spec.partial:  # partial updates keep stored values
-        kept = {c: f"coalesce({v}, t.{c})" for c, v in values.items()}
+        kept = {c: f"coalesce({v}, t.{c})" for c, v in updated.items()}
         partial = f"s.{quote_ident(PARTIAL_COLUMN)}"
         updates.append((kept, f"{w} <> 'delete' AND {partial} AND {newer} AND {_differs(kept)}"))
         whole = f"{w} <> 'delete' AND NOT {partial}"
-    updates.append((values, f"{whole} AND {newer} AND {_differs(values)}"))
+    updates.append((updated, f"{whole} AND {newer} AND {_differs(updated)}"))
     return MergeClauses(on=merge_predicate(spec.key_cols, spec.partition_by, partitions, types),
                         delete=f"{w} = 'delete' AND {newer}", updates=tuple(updates),
                         insert=(values, f"{w} <> 'delete'"))

@@ -48,6 +48,7 @@ from sink.lakehouse.log import filesystem
 from sink.lakehouse.stats import stats_json
 from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
 from sink.ordering import arrow_greater
+from sink.partial import has_unchanged, keep_unchanged
 
 # The change data feed (PROTOCOL.md "Change Data Files"): where its files go, their column
 # naming each row's change, and its values.
@@ -516,12 +517,15 @@ def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes
     ordering_schema = pa.schema([writes.schema.field(c) for c in writes.ordering])
     ties = _same_rows([new.column(f.name).cast(f.type) for f in ordering_schema], ordering.filter(updated),
                       ordering_schema)
-    whole = writes.partial or ties.any()
+    unchanged = has_unchanged(new)  # values the source did not send (unchanged_value)
+    whole = writes.partial or unchanged or ties.any()
     old = stored.read(None if whole else kept).filter(hit).filter(updated) if whole or kept else None
     columns = [old.column(f.name) if f.name in kept else new.column(f.name).cast(f.type) for f in writes.schema]
     if writes.partial:
         partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
         columns = [pc.if_else(partial, pc.coalesce(c, old.column(f.name)), c) for c, f in zip(columns, writes.schema)]
+    if unchanged:
+        columns = keep_unchanged(columns, old, writes.schema)
     same = _same_rows(columns, old, writes.schema) if whole else np.zeros(new.num_rows, bool)
     gone = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
     gone[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False

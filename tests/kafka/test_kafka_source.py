@@ -164,8 +164,9 @@ def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newe
         spark, kafka_broker, tmp_path):
     """Snapshot reads (op r) sent after the change events of the same rows, as when a
     connector's snapshot overlaps the stream: the lower LSN loses. A delete's tombstone is
-    no record; a message without the converter's wrapper is quarantined, and so is an update
-    carrying Debezium's placeholder for an unchanged TOAST value (the stored value stays)."""
+    no record; a message without the converter's wrapper is quarantined. An update carrying
+    Debezium's placeholder for an unchanged TOAST value keeps the stored value and applies the
+    rest (its LSN)."""
     topic = "produced.public.orders"
     create_topic(kafka_broker, topic, partitions=2)
     rows = {i: {"id": f"o{i}", "dt": f"2025-01-0{1 + i % 3}", "v": f"v{i}"} for i in range(12)}
@@ -182,6 +183,8 @@ def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newe
         messages.append((row["id"], debezium_event("r", row, 150)))
     messages.append(("o0", json.dumps({"op": "c", "after": rows[0]}).encode()))  # no wrapper
     messages.append(("o1", debezium_event("u", {**rows[1], "v": UNAVAILABLE_VALUE}, 400)))
+    # A primary key change's create under the default replica identity: no stored value to keep.
+    messages.append(("o99", debezium_event("c", {"id": "o99", "dt": "2025-01-01", "v": UNAVAILABLE_VALUE}, 401)))
     produce(kafka_broker, topic, messages)
     conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "lsn"\npartition_by = ["dt"]',
                       source='schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, '
@@ -202,12 +205,12 @@ def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newe
         == report.freshness["1"]
     assert f"freshness_s=p50:{report.freshness['0.5']}" in report.summary()
     expected = [{"id": r["id"], "dt": r["dt"], "v": f"new{i}" if i % 2 == 0 else r["v"],
-                 "lsn": 200 + i if i % 2 == 0 else 150} for i, r in rows.items() if i not in (3, 7)]
+                 "lsn": 200 + i if i % 2 == 0 else 400 if i == 1 else 150} for i, r in rows.items() if i not in (3, 7)]
     assert table_rows(uri, ["id", "dt", "v", "lsn"]) == sorted(expected, key=lambda r: (r["dt"], r["id"]))
-    (unwrapped, unavailable) = sorted(quarantined(uri), key=lambda cr: cr[1])
+    (unavailable, unwrapped) = sorted(quarantined(uri), key=lambda cr: cr[0])
     assert unwrapped[0].startswith(f"kafka topic {topic} partition ") and unwrapped[1].startswith("corrupt record")
-    assert unavailable == ("", "quarantine_when: " + " OR ".join(f"`{c}` = '{UNAVAILABLE_VALUE}'"
-                                                                 for c in ("id", "dt", "v")))
+    assert unavailable == ("", "quarantine_when: op IN ('c', 'r') AND (" + " OR ".join(
+        f"`{c}` = '{UNAVAILABLE_VALUE}'" for c in ("id", "dt", "v")) + ")")
 
 
 def test_a_topic_deleted_under_the_job_fails_it_clearly_and_leaves_the_table_as_it_was(
