@@ -1,10 +1,12 @@
 """The Delta commit alone, by table size: append of 100k new keys; 100k rows (half updates
 within the last 7 days) committed by rewriting the files holding the updated keys (the
 sink's default), by a MERGE pruned to the changed partitions (the sink's fallback), and by
-the same MERGE without the partition list."""
+the same MERGE without the partition list. `merge_on_read`: an events batch's writes
+committed by rewriting and by merge-on-read, at two file sizes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import statistics
 import tempfile
@@ -13,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from bench.workloads import WORKLOADS, Mix, write_batches, write_start_table
+from bench.workloads import TODAY, WORKLOADS, Mix, write_batches, write_start_table
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
 
@@ -29,6 +32,19 @@ def _source(landing: Path, table_rows: int, mix: Mix, batch_rows: int) -> pa.Tab
     # What the sink would write: new keys insert, known keys update (no deletes or stale here).
     known = np.array([int(i.split("-")[1]) < table_rows for i in batch.column("id").to_pylist()])
     return batch.append_column(WRITE_COLUMN, pa.array(np.where(known, "update", "insert")))
+
+
+def _events_source(landing: Path, table_rows: int, batch_rows: int) -> pa.Table:
+    """What the sink writes for an events batch: new keys insert, known keys update or delete,
+    stale records (older than the stored row: dated before today's batch) left out."""
+    write_batches(landing, WORKLOADS["events"], table_rows, 1, batch_rows, seed=5)
+    batch = pq.read_table(landing / "batch-0000.parquet")
+    batch = batch.filter(pc.greater_equal(batch.column("event_time"),
+                                          pa.scalar(dt.datetime.combine(TODAY, dt.time(12), dt.UTC))))
+    known = np.array([int(i.split("-")[1]) < table_rows for i in batch.column("id").to_pylist()])
+    deleting = pc.equal(batch.column("op"), "d").to_numpy(zero_copy_only=False)
+    return batch.append_column(WRITE_COLUMN, pa.array(np.where(~known, "insert", np.where(deleting, "delete",
+                                                                                           "update"))))
 
 
 def _timed(fn) -> float:
@@ -76,3 +92,44 @@ def _unpruned_merge(uri: str, source: pa.Table) -> None:
     cols = {f"`{c}`": f"s.`{c}`" for c in source.column_names if c != WRITE_COLUMN}
     (table.merge(source, "t.id = s.id AND t.dt = s.dt", source_alias="s", target_alias="t")
      .when_matched_update(updates=cols).when_not_matched_insert(updates=cols).execute())
+
+
+# Rows a start-table write takes at a time: one file per partition each (60 partitions).
+FILE_LAYOUTS = {"small files": 2_000_000, "large files": None}  # None: the whole table at once
+
+
+def merge_on_read(sizes: list[int], batch_rows: int, repeats: int, log=print) -> list[dict]:
+    """An events batch's writes (no Spark: the driver's commit phase as the sink runs it)
+    committed by rewriting the files holding its updated and deleted keys, and by
+    merge-on-read (new row versions in new files, deletion vectors on the files found), on
+    tables of the same rows in small and in large files: merge-on-read's cost should follow
+    the changed rows, the rewrite's the files."""
+    out = []
+    for rows in sizes:
+        for layout, chunk in FILE_LAYOUTS.items():
+            work = Path(tempfile.mkdtemp(prefix="commit-mor-bench-"))
+            try:
+                write_start_table(str(work / "start"), rows, chunk=chunk or rows)
+                files = len(DeltaTable(str(work / "start")).file_uris())
+                source = _events_source(work / "events", rows, batch_rows)
+                figures: dict[str, list[float]] = {"rewrite": [], "merge_on_read": []}
+                for i in range(repeats):
+                    for name in figures:
+                        uri = work / f"{name}-{i}"
+                        shutil.copytree(work / "start", uri)
+                        mode = "merge-on-read" if name == "merge_on_read" else "auto"
+                        target = DeltaTarget(str(uri), ["dt"], mode, allow_protocol_upgrade=True)
+                        target.open_or_create(source.schema, Contract(("id",), ("dt",), "event_time", "partitioned"))
+                        figures[name].append(_timed(lambda t=target, src=source: t.commit(
+                            src, ["id"], "event_time", "bench", 0, {}, True)))
+                        shutil.rmtree(uri)
+                result = {"table_rows": rows, "layout": layout, "files": files, "rows_per_file": rows // files,
+                          "writes": source.num_rows,
+                          **{k: [round(v, 3) for v in vs] for k, vs in figures.items()},
+                          **{f"{k}_median": round(statistics.median(vs), 3) for k, vs in figures.items()}}
+                log(f"commit of an events batch, {rows:,} rows in {files} files ({layout}): rewrite "
+                    f"{result['rewrite_median']}s, merge-on-read {result['merge_on_read_median']}s")
+                out.append(result)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    return out

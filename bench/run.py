@@ -5,7 +5,7 @@
     python -m bench.run --against-spark --sizes 10000000 --batches 3
                                        # only the sink against delta-spark's MERGE (its cases below)
     python -m bench.run --deletion-vectors --sizes 10000000 --batches 3
-                                       # only its deletion-vector case (merge-on-read)
+                                       # only its deletion-vector, table-feature and commit cases
     python -m bench.run --kafka --keys 1000000
                                        # Debezium messages from a Kafka broker (bench/kafka_bench.py)
 """
@@ -159,6 +159,8 @@ def against_spark(spark, work: Path, params: dict, result: dict, save) -> None:
     save()
     result["e2e_table_features"] = table_feature_figures(spark, work, params)
     save()
+    result["commit_merge_on_read"] = commit_merge_on_read_figures(spark, work, params)
+    save()
     result["global"] = global_bench.run(spark, work, params["sizes"], params["batches"], params["batch_rows"],
                                         workloads=("global",))
     save()
@@ -177,6 +179,12 @@ def table_feature_figures(spark, work: Path, params: dict) -> list[dict]:
     both tagging paths."""
     return e2e.run(spark, work, params["sizes"], ["events"], params["batches"], params["batch_rows"], num_shards=2,
                    contenders=e2e.VARIANT_CONTENDERS, variants=tuple(e2e.VARIANTS))
+
+
+def commit_merge_on_read_figures(spark, work: Path, params: dict) -> list[dict]:
+    """The commit phase alone (no Spark) of an events batch's writes, rewrite against
+    merge-on-read, on tables of the same rows in small and in large files."""
+    return commit_bench.merge_on_read(params["sizes"], params["batch_rows"], repeats=2)
 
 
 def verification_figures(spark, work: Path, params: dict) -> list[dict]:
@@ -222,7 +230,8 @@ def main() -> None:
                         help="only the sink against delta-spark's MERGE: end to end, deletion vectors, global scope, "
                              "two executors")
     parser.add_argument("--deletion-vectors", action="store_true",
-                        help="only the deletion-vector and table-feature cases of --against-spark")
+                        help="only the deletion-vector, table-feature and merge-on-read commit cases of "
+                             "--against-spark")
     parser.add_argument("--sizes", type=int, nargs="+",
                         help="with --against-spark or --deletion-vectors: table rows (default: the run's)")
     parser.add_argument("--batches", type=int, help="with --against-spark, --deletion-vectors or --verification: "
@@ -243,7 +252,8 @@ def main() -> None:
     if args.verification or args.deletion_vectors:
         params = {**params, "sizes": args.sizes or params["sizes"], "batches": args.batches or params["batches"]}
         cases = ({"verification": verification_figures} if args.verification else
-                 {"e2e_deletion_vectors": deletion_vector_figures, "e2e_table_features": table_feature_figures})
+                 {"e2e_deletion_vectors": deletion_vector_figures, "e2e_table_features": table_feature_figures,
+                  "commit_merge_on_read": commit_merge_on_read_figures})
         result = {"name": f"{next(iter(cases)).removeprefix('e2e_').replace('_', '-')}-{name}",
                   "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine(),
                   "parameters": params}
@@ -282,6 +292,9 @@ def main() -> None:
     result["index"] = index_figures(params["index_partitions"], params["index_keys_per_partition"])
     print(f"== commit ({result['index']['bootstrap']['keys_per_second']:,} bootstrap keys/s above)", flush=True)
     result["commit"] = commit_bench.run(params["commit_sizes"], params["batch_rows"], params["commit_repeats"])
+    print("== the commit of an events batch by merge-on-read, small and large files", flush=True)
+    result["commit_merge_on_read"] = commit_bench.merge_on_read(params["sizes"][-1:], params["batch_rows"],
+                                                                params["commit_repeats"])
     print("== end to end", flush=True)
     spark = e2e_session()
     work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))

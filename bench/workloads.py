@@ -63,10 +63,10 @@ def _rows(keys: np.ndarray, days_ago: np.ndarray, times_us: np.ndarray, ops: lis
     }, schema=SCHEMA)
 
 
-def write_start_table(uri: str, rows: int, seed: int = 0) -> None:
-    """`rows` keys over DAYS daily partitions, event times inside their day."""
+def write_start_table(uri: str, rows: int, seed: int = 0, chunk: int = 2_000_000) -> None:
+    """`rows` keys over DAYS daily partitions, event times inside their day, written `chunk`
+    rows at a time: one file per partition per chunk."""
     rng = np.random.default_rng(seed)
-    chunk = 2_000_000
     for start in range(0, rows, chunk):
         keys = np.arange(start, min(rows, start + chunk))
         days = _day_of(keys)
