@@ -145,6 +145,23 @@ class KafkaLag(StreamingQueryListener):
         pass
 
 
+class ProgressPoll:
+    """Each query's latest progress, once per batch, as its Kafka lag (`writers`: the queries'
+    sinks' writer ids, in the queries' order): Spark Connect's way, where the client reads
+    `lastProgress` instead of listening."""
+
+    def __init__(self, writers: list[str]):
+        self._writers = writers
+        self._published: dict[str, int] = {}
+
+    def __call__(self, queries) -> None:
+        for writer_id, query in zip(self._writers, queries):
+            progress = query.lastProgress
+            if progress is not None and self._published.get(writer_id) != progress.batchId:
+                self._published[writer_id] = progress.batchId
+                publish_lag(writer_id, progress)
+
+
 def publish_lag(writer_id: str | None, progress) -> None:
     """A query's progress (`StreamingQueryProgress`) as its Kafka lag (nothing for other sources)."""
     if writer_id is None or progress is None:

@@ -84,6 +84,20 @@ def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None):
     return selected(stream, src.select, cfg.corrupt_record_column)
 
 
+# Under Spark Connect, how often the job reads its Kafka queries' progress for their lag.
+POLL_SECONDS = 5
+
+
+def wait(terminated, polled: kafka_source.ProgressPoll | None, queries: list) -> None:
+    """`terminated()` (a query's awaitTermination, or the session's awaitAnyTermination), with
+    `polled(queries)` every POLL_SECONDS meanwhile when given."""
+    if polled is None:
+        terminated()
+        return
+    while not terminated(POLL_SECONDS):
+        polled(queries)
+
+
 def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> SinkConfig:
     """A Debezium table's config: Debezium's placeholder for a value it did not receive
     (PostgreSQL's unchanged TOAST values under REPLICA IDENTITY DEFAULT) is its `unchanged_value`,
@@ -168,11 +182,14 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     sinks = [UpsertSink(for_debezium(s, src, stream.columns))
              for s, src, stream in zip(cfg.sinks, cfg.sources, streams)]
     queries = []
-    # Classic sessions: under Spark Connect a listener runs on the server, away from these metrics.
-    lag = None if remote or all(src.format != "kafka" for src in cfg.sources) else \
-        kafka_source.KafkaLag({query_name(cfg, s.config): s.writer_id for s in sinks})
+    kafka = any(src.format == "kafka" for src in cfg.sources)
+    # The Kafka lag: a listener in a classic session; under Spark Connect a listener would run
+    # on the server, away from these metrics, so the wait below polls the queries' progress.
+    lag = kafka_source.KafkaLag({query_name(cfg, s.config): s.writer_id for s in sinks}) if kafka and not remote \
+        else None
     if lag:
         spark.streams.addListener(lag)
+    polled = kafka_source.ProgressPoll([s.writer_id for s in sinks]) if kafka and remote else None
     try:
         for sink, src, stream in zip(sinks, cfg.sources, streams):
             queries.append(start_query(stream, cfg, sink, once, trigger_seconds))
@@ -180,19 +197,19 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
                      sink.config.table_uri, sink.writer_id)
         if once:
             for query in queries:
-                query.awaitTermination()
+                wait(query.awaitTermination, polled, queries)
         else:
             # A query this session ran before (an earlier run in the process) would end the wait at once.
             spark.streams.resetTerminated()
-            spark.streams.awaitAnyTermination()  # raises the failed query's error
+            wait(spark.streams.awaitAnyTermination, polled, queries)  # raises the failed query's error
     finally:
         for query in queries:
             if query.isActive:
                 query.stop()
         if lag:
             spark.streams.removeListener(lag)
-            for sink, query in zip(sinks, queries):  # the last batch's, which the listener may not have had yet
-                kafka_source.publish_lag(sink.writer_id, query.lastProgress)
+        if lag or polled:  # the last batch's, which the listener or the poll may not have had yet
+            (polled or kafka_source.ProgressPoll([s.writer_id for s in sinks]))(queries)
         for sink in sinks:
             sink.close()
         if stop:

@@ -2,6 +2,9 @@
 with a Kafka client, read by Spark's Kafka connector, equal to the oracle."""
 
 import json
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -270,3 +273,22 @@ def test_debezium_envelopes_without_the_converters_wrapper(spark, kafka_broker, 
     run(str(conf), once=True)
     expected = [{**r, "v": "new" if r["id"] == "o1" else r["v"]} for r in rows]
     assert table_rows(str(tmp_path / "data" / "table"), ["id", "dt", "v"]) == expected
+
+
+def test_the_job_through_spark_connect_logs_its_kafka_lag(kafka_broker, tmp_path):
+    """--remote local[2]: a query listener would run on the Connect server, away from the job's
+    metrics, so the job reads its query's progress itself; the last batch's lag is logged."""
+    topic = "connect-events"
+    create_topic(kafka_broker, topic, partitions=2)
+    (events,) = random_batches(9, batches=1, per_batch=200, bad_share=0)
+    produce(kafka_broker, topic, [(e.id, json.dumps(e._asdict()).encode()) for e in events])
+    conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "ts"\npartition_by = ["dt"]',
+                      source='schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"\n'
+                             'max_offsets_per_trigger = 100')
+    job = [sys.executable, "-m", "jobs.upsert_stream", "--config", str(conf), "--once", "--remote", "local[2]"]
+    done = subprocess.run(job, cwd=Path(__file__).resolve().parent.parent.parent, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(rf"kafka lag \S+ after batch \d+: 0 offsets behind \({topic}\[0\]=0, {topic}\[1\]=0\)",
+                     done.stderr), done.stderr[-3000:]
+    assert table_rows(str(tmp_path / "data" / "table"), ["id", "dt", "ts", "op", "v"]) == expected_rows([events])
