@@ -329,11 +329,20 @@ def main() -> None:
     write(result, started)
 
 
+_STEMS: dict[int, Path] = {}  # per result being written: its file, kept across its saves
+
+
 def write(result: dict, started: float, plotted: bool = True) -> None:
-    """bench/results/<name>-<date>.json, and its .png (`plotted`)."""
+    """bench/results/<name>-<date>.json, and its .png (`plotted`); a run of the same day's
+    results goes to <name>-<date>-2.json (-3, ...), never over them."""
     result["seconds"] = round(time.perf_counter() - started, 1)
     RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"{result['name']}-{dt.date.today().isoformat()}"
+    if id(result) not in _STEMS:
+        base = f"{result['name']}-{dt.date.today().isoformat()}"
+        taken = {p.stem for p in RESULTS.glob(f"{base}*.json")}
+        _STEMS[id(result)] = RESULTS / next(n for n in (base, *(f"{base}-{i}" for i in range(2, 1000)))
+                                            if n not in taken)
+    stem = _STEMS[id(result)]
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     if plotted:
         plot(result, stem.with_suffix(".png"))
