@@ -18,7 +18,7 @@ FILE_FORMATS = (*PARSED_FORMATS, "parquet")
 SOURCE_FORMATS = (*FILE_FORMATS, "kafka")
 # The keys only a Kafka source reads (jobs/kafka_source.py), with their defaults.
 KAFKA_KEYS = ("bootstrap_servers", "topics", "subscribe_pattern", "starting_offsets", "max_offsets_per_trigger",
-              "fail_on_data_loss", "value_format", "key_schema")
+              "fail_on_data_loss", "value_format", "key_schema", "schema_from_messages")
 
 
 @dataclass
@@ -50,6 +50,9 @@ class SourceConfig:
     fail_on_data_loss: bool = True
     value_format: str = "json"
     key_schema: str | None = None
+    # json-with-schema: each batch's schema widened by the fields its messages' Connect schemas
+    # carry, so a column added at the source arrives without a restart (jobs/kafka_source.py).
+    schema_from_messages: bool = False
 
     @property
     def name(self) -> str:
@@ -102,6 +105,11 @@ class SourceConfig:
                               f"{list(ENVELOPES)}")
         if not isinstance(self.corrupt_records, bool):
             raise ConfigError(f"source.corrupt_records must be true or false, got {self.corrupt_records!r}")
+        if not isinstance(self.schema_from_messages, bool):
+            raise ConfigError(f"source.schema_from_messages must be true or false, got {self.schema_from_messages!r}")
+        if self.schema_from_messages and (self.format != "kafka" or self.value_format != "json-with-schema"):
+            raise ConfigError("source.schema_from_messages reads the schema Kafka Connect's JSON converter wraps each "
+                              "message in: it needs format = 'kafka' and value_format = 'json-with-schema'")
         if self.format == "kafka":
             self._check_kafka()
         else:

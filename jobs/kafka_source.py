@@ -9,6 +9,12 @@ message's value parsed as JSON into `source.schema`, before the envelope and `se
 - A message that does not parse (not JSON, not wrapped where the wrapper is expected, a value
   of the wrong type) goes to quarantine: the corrupt-record column holds its topic, partition,
   offset and raw text.
+- `schema_from_messages` (with `json-with-schema`): each batch's schema is `source.schema`
+  widened by the fields its messages' Connect schemas carry and it lacks (for a Debezium
+  envelope: the fields of `before` and `after`), so a column added at the source reaches the
+  table with the first batch carrying it, without a restart. Connect's types map to Spark's
+  (`int32` INT, `int64` BIGINT, `float64` DOUBLE, `boolean`, `string`; `bytes`, and what has
+  no Spark equivalent, as STRING); `source.schema`'s own columns keep their declared types.
 - `key_schema`: the message key parsed as JSON too (in the same value format); its fields fill
   the record's columns of the same name where the value leaves them null, or add them.
 - Arrival order: Spark reads each topic-partition's offset range in one task, in offset order,
@@ -32,7 +38,21 @@ from importlib import metadata
 
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQueryListener
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from sink.errors import ConfigError
 from sink.keys import quoted_column
@@ -58,6 +78,59 @@ def fetch_command() -> str:
     """The command that puts the connector and its dependencies where Spark resolves them offline.
     The dependency plugin from 3.x: 2.8 (Maven's default) also fetches test jars, some unserved."""
     return f"mvn -q org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get -Dartifact={package()}"
+
+
+# Kafka Connect's primitive schema types as Spark's; `bytes` is base64 text in JSON.
+CONNECT_TYPES = {"int8": ByteType(), "int16": ShortType(), "int32": IntegerType(), "int64": LongType(),
+                 "float32": FloatType(), "float64": DoubleType(), "boolean": BooleanType(), "string": StringType(),
+                 "bytes": StringType()}
+
+
+def connect_type(schema: dict) -> DataType:
+    """A Kafka Connect schema (the JSON converter's `schema`) as a Spark type: structs, arrays
+    and maps as theirs, primitives by CONNECT_TYPES, anything else as STRING."""
+    kind = schema.get("type")
+    if kind == "struct":
+        return StructType([StructField(f["field"], connect_type(f), True) for f in schema.get("fields", [])])
+    if kind == "array":
+        return ArrayType(connect_type(schema.get("items", {})), True)
+    if kind == "map":
+        return MapType(connect_type(schema.get("keys", {})), connect_type(schema.get("values", {})), True)
+    return CONNECT_TYPES.get(kind, StringType())
+
+
+def widened(base: StructType, found: StructType, within: tuple[str, ...] = ()) -> StructType:
+    """`base` with the fields of `found` it lacks appended, nested structs alike, its own
+    fields' types kept; `within`: widen only these top-level struct fields (a Debezium
+    envelope's `before` and `after`), adding no top-level field."""
+    by_name = {f.name: f for f in found.fields}
+    fields = []
+    for f in base.fields:
+        other = by_name.get(f.name)
+        if other is not None and isinstance(f.dataType, StructType) and isinstance(other.dataType, StructType) \
+                and (not within or f.name in within):
+            f = StructField(f.name, widened(f.dataType, other.dataType), f.nullable)
+        fields.append(f)
+    if not within:
+        fields += [StructField(f.name, f.dataType, True) for f in found.fields if f.name not in base.fieldNames()]
+    return StructType(fields)
+
+
+def message_schema(raw: DataFrame) -> StructType:
+    """The union of the Connect schemas of a batch's messages (Kafka rows, the JSON converter's
+    wrapper): one more pass over the batch, returning only its distinct schemas. A message
+    without one adds nothing (its decoding sends it to quarantine)."""
+    texts = (raw.where("value IS NOT NULL")
+             .selectExpr("get_json_object(CAST(value AS STRING), '$.schema') AS s").distinct().collect())
+    found = StructType([])
+    for row in texts:
+        try:
+            kind = connect_type(json.loads(row.s)) if row.s else None
+        except (ValueError, AttributeError, KeyError, TypeError):
+            continue
+        if isinstance(kind, StructType):
+            found = widened(found, kind)
+    return found
 
 
 def reader_options(*, bootstrap_servers: str, topics: list[str], subscribe_pattern: str | None,

@@ -70,18 +70,48 @@ def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None):
     src = src or cfg.source
     schema, options = source_schema(cfg, src)
     if src.format == "kafka":
-        corrupt = cfg.corrupt_record_column if src.corrupt_records else None
-        stream = kafka_source.decoded(spark.readStream.format("kafka").options(**options).load(), schema,
-                                      value_format=src.value_format, key_schema=src.key_schema,
-                                      corrupt_column=corrupt)
-    else:
-        reader = spark.readStream.format(src.format).schema(schema).options(**options)
-        if src.max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
-        stream = reader.load(src.path)
+        return kafka_records(kafka_stream(spark, cfg, src), cfg, src, schema)
+    reader = spark.readStream.format(src.format).schema(schema).options(**options)
+    if src.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
+    return flattened(reader.load(src.path), cfg, src, schema)
+
+
+def kafka_stream(spark, cfg: JobConfig, src: SourceConfig):
+    """The Kafka source's rows (key, value, topic, partition, offset, ...)."""
+    return spark.readStream.format("kafka").options(**source_schema(cfg, src)[1]).load()
+
+
+def kafka_records(raw, cfg: JobConfig, src: SourceConfig, schema: StructType):
+    """Kafka rows (a stream, or one batch's) as the sink sees them, their values parsed into `schema`."""
+    corrupt = cfg.corrupt_record_column if src.corrupt_records else None
+    stream = kafka_source.decoded(raw, schema, value_format=src.value_format, key_schema=src.key_schema,
+                                  corrupt_column=corrupt)
+    return flattened(stream, cfg, src, schema)
+
+
+def flattened(stream, cfg: JobConfig, src: SourceConfig, schema: StructType):
+    """Records read with `schema`: their envelope flattened, then selected."""
     if src.envelope == "debezium":
         stream = selected(stream, debezium_select(schema), cfg.corrupt_record_column)
     return selected(stream, src.select, cfg.corrupt_record_column)
+
+
+class DecodedPerBatch:
+    """foreachBatch under `schema_from_messages`: each batch's Kafka rows parsed with the
+    source's schema widened by the Connect schemas its messages carry (for a Debezium envelope,
+    within `before` and `after`), then handed to the sink, which adds the new columns."""
+
+    def __init__(self, sink: UpsertSink, cfg: JobConfig, src: SourceConfig, schema: StructType):
+        self.sink, self.cfg, self.src, self.schema = sink, cfg, src, schema
+
+    def __call__(self, raw, batch_id: int) -> None:
+        within = ("before", "after") if self.src.envelope == "debezium" else ()
+        schema = kafka_source.widened(self.schema, kafka_source.message_schema(raw), within)
+        if schema != self.schema:
+            log.info("%s: batch %d's messages widen source.schema to %s", self.sink.writer_id, batch_id,
+                     schema.simpleString())
+        self.sink(kafka_records(raw, self.cfg, self.src, schema), batch_id)
 
 
 # Under Spark Connect, how often the job reads its Kafka queries' progress for their lag.
@@ -122,10 +152,16 @@ def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> Sin
     return dataclasses.replace(sink, **changes)
 
 
-def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None):
-    """One table's query: its own checkpoint (so its own progress and writer id)."""
+def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None,
+                src: SourceConfig | None = None):
+    """One table's query: its own checkpoint (so its own progress and writer id). Under
+    `src.schema_from_messages` it streams the Kafka rows, decoded batch by batch."""
     sink.validate(stream)  # a config naming a missing column fails here, before any batch
-    writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", sink.config.checkpoint_dir)
+    foreach = sink
+    if src is not None and src.schema_from_messages:
+        stream, foreach = kafka_stream(stream.sparkSession, cfg, src), DecodedPerBatch(sink, cfg, src,
+                                                                                        source_schema(cfg, src)[0])
+    writer = stream.writeStream.foreachBatch(foreach).option("checkpointLocation", sink.config.checkpoint_dir)
     if once:
         writer = writer.trigger(availableNow=True)
     else:
@@ -192,7 +228,7 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     polled = kafka_source.ProgressPoll([s.writer_id for s in sinks]) if kafka and remote else None
     try:
         for sink, src, stream in zip(sinks, cfg.sources, streams):
-            queries.append(start_query(stream, cfg, sink, once, trigger_seconds))
+            queries.append(start_query(stream, cfg, sink, once, trigger_seconds, src))
             log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, src.name,
                      sink.config.table_uri, sink.writer_id)
         if once:

@@ -1,0 +1,73 @@
+"""schema_from_messages: the Kafka Connect schemas a batch's messages carry, as Spark types."""
+
+import json
+
+import pytest
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from jobs.job_config import SourceConfig
+from jobs.kafka_source import connect_type, message_schema, widened
+from sink.errors import ConfigError
+
+# Debezium's envelope schema for a PostgreSQL table (id INT, name TEXT, amount NUMERIC as
+# decimal.handling.mode = string, tier TEXT added later), as the JSON converter wraps it.
+ROW = {"type": "struct", "optional": True, "fields": [
+    {"type": "int32", "optional": False, "field": "id"},
+    {"type": "string", "optional": True, "field": "name"},
+    {"type": "string", "optional": True, "field": "amount"},
+    {"type": "string", "optional": True, "field": "tier"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "field": "seen"},
+    {"type": "array", "optional": True, "items": {"type": "float64"}, "field": "scores"},
+    {"type": "map", "optional": True, "keys": {"type": "string"}, "values": {"type": "bytes"}, "field": "tags"}]}
+ENVELOPE = {"type": "struct", "name": "cdc.public.customers.Envelope", "fields": [
+    {**ROW, "field": "before"}, {**ROW, "field": "after"},
+    {"type": "struct", "field": "source", "fields": [{"type": "int64", "optional": True, "field": "lsn"},
+                                                    {"type": "string", "optional": False, "field": "db"}]},
+    {"type": "string", "optional": False, "field": "op"},
+    {"type": "int64", "optional": True, "field": "ts_ms"}]}
+ROW_TYPE = StructType([
+    StructField("id", IntegerType()), StructField("name", StringType()), StructField("amount", StringType()),
+    StructField("tier", StringType()), StructField("seen", LongType()),
+    StructField("scores", ArrayType(DoubleType())), StructField("tags", MapType(StringType(), StringType()))])
+
+
+def test_connect_types_become_sparks_and_unknown_ones_strings():
+    assert connect_type(ROW) == ROW_TYPE
+    assert connect_type({"type": "something-new"}) == StringType()
+
+
+def test_widening_adds_the_fields_the_messages_carry_and_keeps_the_declared_types():
+    declared = StructType([StructField("op", StringType()),
+                           StructField("after", StructType([StructField("id", LongType())]))])
+    out = widened(declared, connect_type(ENVELOPE), ("before", "after"))
+    # `id` keeps the declared BIGINT; the envelope's other top-level fields are not added.
+    assert out.fieldNames() == ["op", "after"]
+    assert out["after"].dataType == StructType([StructField("id", LongType()), *ROW_TYPE.fields[1:]])
+    assert widened(StructType([StructField("id", LongType())]), ROW_TYPE).fieldNames() == ROW_TYPE.fieldNames()
+
+
+@pytest.mark.spark
+def test_a_batchs_schema_is_the_union_of_its_messages_schemas(spark):
+    old = {"type": "struct", "fields": [ROW["fields"][0], ROW["fields"][1]]}
+    values = [json.dumps({"schema": old, "payload": {"id": 1, "name": "a"}}),
+              json.dumps({"schema": ROW, "payload": {"id": 2, "name": "b", "tier": "gold"}}),
+              "{not json", None]
+    raw = spark.createDataFrame([(None if v is None else bytearray(v.encode()),) for v in values], "value BINARY")
+    assert message_schema(raw) == ROW_TYPE
+
+
+@pytest.mark.parametrize("options", [{"format": "json", "path": "/tmp/x"},
+                                     {"format": "kafka", "bootstrap_servers": "b:9092", "topics": ["t"]}])
+def test_schema_from_messages_needs_the_converters_wrapper(options):
+    with pytest.raises(ConfigError, match="source.schema_from_messages .* needs format = 'kafka' and "
+                                          "value_format = 'json-with-schema'"):
+        SourceConfig(schema="id INT", schema_from_messages=True, **options)
