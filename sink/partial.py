@@ -70,8 +70,8 @@ def fold_nulls(
     an upsert after a delete in the batch), naming the record's `key_cols` (its group when
     none)."""
     applied = np.flatnonzero(pc.is_in(op, _APPLIED).to_numpy(zero_copy_only=False))
-    if len(applied) == 0:
-        return rows, pa.nulls(rows.num_rows, pa.bool_())
+    if len(applied) == 0 or not (nulls_kept or _holds(rows, value_cols, unchanged)):
+        return rows, pa.nulls(rows.num_rows, pa.bool_())  # nothing to keep: the writes stand as they are
     rows, partial_out = _fold(rows, value_cols, groups, orderings, arrivals, op, write, applied, nulls_kept, unchanged)
     if unchanged is not None:
         rows = _mark_unchanged(rows, value_cols, groups, write, partial_out, unchanged, key_cols)
@@ -131,6 +131,12 @@ def _fold(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, orderings
         i = rows.schema.get_field_index(c)
         rows = rows.set_column(i, rows.schema.field(i), rows.column(c).take(pa.array(index)))
     return rows, partial_out
+
+
+def _holds(rows: pa.Table, value_cols: Sequence[str], unchanged: str | None) -> bool:
+    """Some string column of `value_cols` holds `unchanged` (most batches: none)."""
+    return unchanged is not None and any(
+        pc.any(pc.equal(rows.column(c), unchanged)).as_py() for c in value_cols if is_text(rows.schema.field(c)))
 
 
 def _mark_unchanged(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, write: pa.Array,
