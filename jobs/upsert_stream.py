@@ -225,7 +225,8 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         else None
     if lag:
         spark.streams.addListener(lag)
-    polled = kafka_source.ProgressPoll([s.writer_id for s in sinks]) if kafka and remote else None
+    progress = kafka_source.ProgressPoll([s.writer_id for s in sinks]) if kafka else None
+    polled = progress if remote else None
     try:
         for sink, src, stream in zip(sinks, cfg.sources, streams):
             queries.append(start_query(stream, cfg, sink, once, trigger_seconds, src))
@@ -244,8 +245,8 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
                 query.stop()
         if lag:
             spark.streams.removeListener(lag)
-        if lag or polled:  # the last batch's, which the listener or the poll may not have had yet
-            (polled or kafka_source.ProgressPoll([s.writer_id for s in sinks]))(queries)
+        if progress:  # the last batch's, which the listener or the poll may not have had yet
+            progress(queries)
         for sink in sinks:
             sink.close()
         if stop:

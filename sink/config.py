@@ -344,7 +344,13 @@ class SinkConfig:
         """Every row a batch writes is one of its records as it arrived, not a partial update
         merged with the stored row nor a history table's rebuilt version: checking the records
         against the table's CHECK constraints, invariants and generated columns checks the rows."""
-        return self.scd_type == 1 and not self.ignore_null_updates and self.unchanged_value is None
+        return self.scd_type == 1 and not self.keeps_stored_values
+
+    @property
+    def keeps_stored_values(self) -> bool:
+        """Some updates keep stored values: null columns (ignore_null_updates) or those holding
+        unchanged_value (sink.partial)."""
+        return self.ignore_null_updates or self.unchanged_value is not None
 
     @property
     def tombstone_key(self) -> list[str]:

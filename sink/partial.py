@@ -70,7 +70,8 @@ def fold_nulls(
     an upsert after a delete in the batch), naming the record's `key_cols` (its group when
     none)."""
     applied = np.flatnonzero(pc.is_in(op, _APPLIED).to_numpy(zero_copy_only=False))
-    if len(applied) == 0 or not (nulls_kept or _holds(rows, value_cols, unchanged)):
+    if len(applied) == 0 or not (nulls_kept or (unchanged is not None and
+                                                has_unchanged(rows.select(list(value_cols)), unchanged))):
         return rows, pa.nulls(rows.num_rows, pa.bool_())  # nothing to keep: the writes stand as they are
     rows, partial_out = _fold(rows, value_cols, groups, orderings, arrivals, op, write, applied, nulls_kept, unchanged)
     if unchanged is not None:
@@ -133,12 +134,6 @@ def _fold(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, orderings
     return rows, partial_out
 
 
-def _holds(rows: pa.Table, value_cols: Sequence[str], unchanged: str | None) -> bool:
-    """Some string column of `value_cols` holds `unchanged` (most batches: none)."""
-    return unchanged is not None and any(
-        pc.any(pc.equal(rows.column(c), unchanged)).as_py() for c in value_cols if is_text(rows.schema.field(c)))
-
-
 def _mark_unchanged(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, write: pa.Array,
                     partial: pa.Array, unchanged: str, key_cols: Sequence[str]) -> pa.Table:
     """The upsert writes' `unchanged` string values as UNCHANGED; UnchangedValueError for a
@@ -176,18 +171,18 @@ def keep_unchanged(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema
     return out
 
 
-def unchanged_rows(rows: pa.Table) -> pa.Array:
-    """Per row of `rows`: some string column holds UNCHANGED."""
+def unchanged_rows(rows: pa.Table, value: str = UNCHANGED) -> pa.Array:
+    """Per row of `rows`: some string column holds `value`."""
     out = pa.array(np.zeros(rows.num_rows, bool))
     for f in rows.schema:
         if is_text(f):
-            out = pc.or_(out, pc.fill_null(pc.equal(rows.column(f.name), UNCHANGED), False))
+            out = pc.or_(out, pc.fill_null(pc.equal(rows.column(f.name), value), False))
     return out
 
 
-def has_unchanged(rows: pa.Table) -> bool:
-    """Some string column of `rows` holds UNCHANGED."""
-    return pc.any(unchanged_rows(rows)).as_py()
+def has_unchanged(rows: pa.Table, value: str = UNCHANGED) -> bool:
+    """Some string column of `rows` holds `value` (most batches: none)."""
+    return pc.any(unchanged_rows(rows, value)).as_py()
 
 
 def fill_from_stored(rows: pa.Table, row_pids: pa.Array, stored: pa.Table, stored_pids: pa.Array,

@@ -57,7 +57,7 @@ class RecordsCommit:
         writes = records.filter(pc.is_valid(records.column(C.WRITE)))
         if cfg.scope == "global":
             writes = placed(writes, record_partitions(writes, cfg.partition_by, cfg.scope), cfg.partition_by)
-            if cfg.ignore_null_updates or cfg.unchanged_value is not None:
+            if cfg.keeps_stored_values:
                 writes = keep_stored_values(writes, partial(rows_in, self._target.table),
                                             self._target.arrow_schema().names, cfg.key, cfg.partition_by,
                                             cfg.ordering_columns)
