@@ -182,9 +182,9 @@ def table_feature_figures(spark, work: Path, params: dict) -> list[dict]:
 
 
 def commit_merge_on_read_figures(spark, work: Path, params: dict) -> list[dict]:
-    """The commit phase alone (no Spark) of an events batch's writes, rewrite against
+    """The commit phase alone (no Spark) of consecutive events batches' writes, rewrite against
     merge-on-read, on tables of the same rows in small and in large files."""
-    return commit_bench.merge_on_read(params["sizes"], params["batch_rows"], repeats=2)
+    return commit_bench.merge_on_read(params["sizes"], params["batch_rows"], batches=5)
 
 
 def verification_figures(spark, work: Path, params: dict) -> list[dict]:
@@ -292,9 +292,8 @@ def main() -> None:
     result["index"] = index_figures(params["index_partitions"], params["index_keys_per_partition"])
     print(f"== commit ({result['index']['bootstrap']['keys_per_second']:,} bootstrap keys/s above)", flush=True)
     result["commit"] = commit_bench.run(params["commit_sizes"], params["batch_rows"], params["commit_repeats"])
-    print("== the commit of an events batch by merge-on-read, small and large files", flush=True)
-    result["commit_merge_on_read"] = commit_bench.merge_on_read(params["sizes"][-1:], params["batch_rows"],
-                                                                params["commit_repeats"])
+    print("== the commit of events batches by merge-on-read, small and large files", flush=True)
+    result["commit_merge_on_read"] = commit_bench.merge_on_read(params["sizes"][-1:], params["batch_rows"], batches=5)
     print("== end to end", flush=True)
     spark = e2e_session()
     work = Path(tempfile.mkdtemp(prefix="sink-e2e-"))

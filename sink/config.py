@@ -144,6 +144,12 @@ class SinkConfig:
     """Data files the driver wrote (driver tagging), held in memory so the next batch's rewrite of
     them skips reading them back; 0 = off. Spark's writing tasks hold none: which Python worker
     gets a partition's writes changes from batch to batch, and executors' memory is tighter."""
+    probe_cache_bytes: int = 512 << 20
+    """The key and ordering columns of data files the driver probed for a batch's updated and
+    deleted keys (driver tagging), held in memory so that probing a file again reads none of it:
+    merge-on-read leaves every file it marks in place, and a rewrite the files it did not change;
+    0 = off. About 25 bytes a row with a short string key and one ordering column (a 10M-row
+    table's files: ~250 MB)."""
     tag_on: str = "auto"
     """Where tagging runs: `"executors"` (Spark tasks next to executor-local replicas), `"driver"`
     (the driver process: no shuffle, replicas on the driver's disk), or `"auto"`: the driver

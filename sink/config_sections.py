@@ -223,13 +223,15 @@ class RuntimeSection:
     tag_on: TagOn
     metrics_port: int
     file_cache_bytes: int
+    probe_cache_bytes: int
 
     @classmethod
     def of(cls, cfg: SinkConfig) -> RuntimeSection:
         require_choice("tag_on", cfg.tag_on, TAG_ON)
         require_int("file_cache_bytes", cfg.file_cache_bytes, 0, 1 << 40)
+        require_int("probe_cache_bytes", cfg.probe_cache_bytes, 0, 1 << 40)
         require_int("metrics_port", cfg.metrics_port, 0, 65535)
-        return cls(cfg.tag_on, cfg.metrics_port, cfg.file_cache_bytes)
+        return cls(cfg.tag_on, cfg.metrics_port, cfg.file_cache_bytes, cfg.probe_cache_bytes)
 
     def tags_on_driver(self, master: str) -> bool:
         """Where tagging runs under this Spark master. "auto": the driver when a local master

@@ -60,6 +60,7 @@ class UpsertSink:
         self._other_writers = OtherWriters(self.config, self.writer_id)
         self._pipeline: Pipeline | None = None
         file_cache.WRITTEN.resize(config.file_cache_bytes)
+        file_cache.PROBED.resize(config.probe_cache_bytes)
         if not _connect_client():  # else the server's foreachBatch worker serves them (`_pipeline_for`)
             self._serve_metrics()
 

@@ -36,6 +36,7 @@ def test_defaults_follow_the_design():
         (dict(resident_keys=-1), ["resident_keys", "0 to 1000000000"]),
         (dict(peek_max_keys=True), ["peek_max_keys", "integer"]),
         (dict(file_cache_bytes=-1), ["file_cache_bytes", "0 to 1099511627776"]),
+        (dict(probe_cache_bytes=-1), ["probe_cache_bytes", "0 to 1099511627776"]),
         (dict(partition_by=["id"]), ["key ['id'] names partition columns only", "tells its rows apart"]),
         (dict(ordering="id"), ["ordering", "id"]),
     ],

@@ -1,30 +1,42 @@
 """The data files this process wrote lately, held in memory so that a rewrite reads them back
-without Parquet.
+without Parquet; and the key and ordering columns of the files it probed, so that a later
+probe of a file it left in place reads none of it.
 
 A batch's rewrite mostly reads files the previous batch wrote: updates of recent keys reach
 every file of the newest partitions, which a stream keeps rewriting. A Delta data file never
 changes once written (its name is unique), so rows held for a location are that file's rows
 for as long as a snapshot names it; a file no snapshot names is never looked up again and
-ages out.
+ages out. Merge-on-read leaves every file it marks in place, so each batch probes the same
+files again: with their probe columns held, a batch reads only the files it changes.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
+from sink.lakehouse.key_locator import KeyLocator
 
-class FileCache:
-    """Tables by file location, least recently used evicted first, at most `max_bytes` of
-    Arrow buffers held (a table larger than that is not held). Thread-safe: a batch's
-    partitions are rewritten in threads."""
+
+class Buffers(Protocol):
+    def get_total_buffer_size(self) -> int: ...
+
+
+Held = TypeVar("Held", bound=Buffers)
+
+
+class FileCache(Generic[Held]):
+    """Tables (or a file's columns) by file location, least recently used evicted first, at
+    most `max_bytes` of Arrow buffers held (one larger than that is not held). Thread-safe: a
+    batch's partitions are rewritten in threads."""
 
     def __init__(self, max_bytes: int = 0):
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._tables: OrderedDict[str, tuple[pa.Table, int]] = OrderedDict()
+        self._tables: OrderedDict[str, tuple[Held, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -40,7 +52,7 @@ class FileCache:
             self.max_bytes = max_bytes
             self._evict()
 
-    def put(self, location: str, rows: pa.Table) -> None:
+    def put(self, location: str, rows: Held) -> None:
         # Whole buffers count, not the slice's share: a slice keeps them alive.
         size = rows.get_total_buffer_size()
         with self._lock:
@@ -51,7 +63,7 @@ class FileCache:
             self.nbytes += size
             self._evict()
 
-    def get(self, location: str) -> pa.Table | None:
+    def get(self, location: str) -> Held | None:
         with self._lock:
             held = self._tables.get(location)
             if held is None:
@@ -74,5 +86,23 @@ class FileCache:
             self.nbytes -= size
 
 
+class ProbedColumns:
+    """Some columns of one data file, by their names in the file, with the file's schema and
+    footer (what a probe needs to open it); once the file was probed twice, its keys sorted
+    (`locator`) instead of its key columns."""
+
+    def __init__(self, schema: pa.Schema, metadata, columns: dict[str, pa.ChunkedArray],
+                 locator: KeyLocator | None = None):
+        self.schema = schema
+        self.metadata = metadata  # pyarrow.parquet.FileMetaData
+        self.columns = columns
+        self.locator = locator
+
+    def get_total_buffer_size(self) -> int:
+        held = sum(c.get_total_buffer_size() for c in self.columns.values())
+        return held + (self.locator.get_total_buffer_size() if self.locator is not None else 0)
+
+
 # This process's; sized by the sink on the driver, off (0 bytes) in Spark's Python workers.
-WRITTEN = FileCache()
+WRITTEN: FileCache[pa.Table] = FileCache()
+PROBED: FileCache[ProbedColumns] = FileCache()

@@ -44,6 +44,7 @@ from sink.errors import CommitCheckError
 from sink.lakehouse import deletion_vectors, file_cache, identity, log_commit
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
+from sink.lakehouse.key_locator import KeyLocator
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.stats import stats_json
 from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
@@ -336,7 +337,7 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     change_rows: list[tuple[str, pa.Table]] = []
     unchanged = 0
     for f, stored, at, deleted in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema,
-                                                 writes.column_mapping):
+                                                 writes.column_mapping, writes.ordering):
         matched[probed[at.drop_null().to_numpy()]] = True
         change = file_change(stored, changes, at, writes)
         unchanged += change.unchanged
@@ -351,7 +352,10 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
             outputs.append(change.replaced)
         else:
             outputs.append(pa.concat_tables([stored.read().filter(pa.array(~change.gone)), change.replaced]))
-            file_cache.WRITTEN.discard(f"{root}/{unquote(f.path)}")  # its rows live on in the new file
+    if not writes.merge_on_read:  # the files' rows live on in the new files (once the probe let go of them)
+        for f in removed:
+            for cache in (file_cache.WRITTEN, file_cache.PROBED):
+                cache.discard(f"{root}/{unquote(f.path)}")
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
     inserts = conform(rows.filter(new_keys), writes.schema) if pc.any(new_keys).as_py() else None
@@ -384,27 +388,32 @@ def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> li
 
 def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,
                    key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema,
-                   mapping: ColumnMapping | None = None) -> Iterator[tuple[StoredFile, StoredRows, pa.Array, BitMap64]]:
+                   mapping: ColumnMapping | None = None, ordering: Sequence[str] = ()
+                   ) -> Iterator[tuple[StoredFile, StoredRows, pa.Array, BitMap64]]:
     """Of one partition's `files` (its partition `values`), those holding a row of
     `incoming_keys` (`row_keys`): each with its rows (`StoredRows`, every physical row), per
     row its key's position in `incoming_keys` (null: none, or a row its deletion vector
     deletes: those rows are not the table's), and the rows its deletion vector deletes. Each
     file is probed on its key columns alone; its other columns are read as the caller needs
-    them, while it handles the file."""
+    them, while it handles the file. A file read from Parquet has its key and `ordering`
+    columns held (`file_cache.PROBED`), so probing it again reads nothing."""
     for f in files:
         with _stored_rows(fs, f"{root}/{unquote(f.path)}", schema, values, mapping) as stored:
-            at = pc.index_in(row_keys(stored.read(key_cols), key_cols), value_set=incoming_keys)
-            if at.null_count == len(at):
-                continue
-            deleted = BitMap64()
-            if f.deletion_vector is not None:  # read only for a file the probe matched: most match nothing
-                deleted = deletion_vectors.read(fs, root, f.deletion_vector)
-                live = np.ones(len(at), bool)
-                live[deletion_vectors.positions(deleted)] = False
-                at = pc.if_else(pa.array(live), at, pa.nulls(len(at), at.type))
+            try:
+                at = stored.key_positions(key_cols, incoming_keys)
                 if at.null_count == len(at):
                     continue
-            yield f, stored, at, deleted
+                deleted = BitMap64()
+                if f.deletion_vector is not None:  # read only for a file the probe matched: most match nothing
+                    deleted = deletion_vectors.read(fs, root, f.deletion_vector)
+                    live = np.ones(len(at), bool)
+                    live[deletion_vectors.positions(deleted)] = False
+                    at = pc.if_else(pa.array(live), at, pa.nulls(len(at), at.type))
+                    if at.null_count == len(at):
+                        continue
+                yield f, stored, at, deleted
+            finally:
+                stored.hold(key_cols, ordering)
 
 
 class StoredRows:
@@ -415,8 +424,8 @@ class StoredRows:
     process wrote them (`file_cache`); under a column `mapping` its columns are read by their
     names in the file (physical names, or field ids: a rename since changes neither)."""
 
-    def __init__(self, source: pq.ParquetFile | pa.Table, schema: pa.Schema, values: Mapping[str, str | None],
-                 mapping: ColumnMapping | None):
+    def __init__(self, source: pq.ParquetFile | pa.Table | HeldParquet, schema: pa.Schema,
+                 values: Mapping[str, str | None], mapping: ColumnMapping | None):
         in_file = source.schema if isinstance(source, pa.Table) else source.schema_arrow
         self._source = source
         self._names = {c: c for c in in_file.names} if mapping is None else mapping.file_columns(in_file)
@@ -427,14 +436,42 @@ class StoredRows:
         # A marked file's stats are its footer's (`_wide_stats`): read once.
         self.metadata = None if isinstance(source, pa.Table) else source.metadata
 
-    def read(self, columns: Sequence[str] | None = None) -> pa.Table:
-        """The table's `columns` (None: all of them), every physical row."""
+    def read(self, columns: Sequence[str] | None = None, rows: np.ndarray | None = None) -> pa.Table:
+        """The table's `columns` (None: all of them), every physical row or those at `rows`."""
         columns = self._schema.names if columns is None else list(columns)
         missing = [c for c in columns if c not in self._values and c in self._names and c not in self._columns]
         if missing:
             self._columns.update(zip(missing, self._fetch([self._names[c] for c in missing])))
-        return pa.table([self._column(self._schema.field(c)) for c in columns],
+        return pa.table([self._column(self._schema.field(c), rows) for c in columns],
                         schema=pa.schema([self._schema.field(c) for c in columns]))
+
+    def key_positions(self, key_cols: Sequence[str], incoming_keys: pa.Array) -> pa.Array:
+        """Per physical row, the position of its key (`row_keys` of `key_cols`) in
+        `incoming_keys`, null where none."""
+        held = self._source.held if isinstance(self._source, HeldParquet) else None
+        if held is not None and held.locator is not None:
+            return held.locator.find(incoming_keys)
+        return pc.index_in(row_keys(self.read(key_cols), key_cols), value_set=incoming_keys)
+
+    def hold(self, key_cols: Sequence[str], ordering: Sequence[str]) -> None:
+        """Keep what probing the file again takes in `file_cache.PROBED`, when it was read from
+        Parquet: its `ordering` columns (as far as read) and its keys, the second time sorted
+        (`KeyLocator`: a file probed twice is likely probed by every batch)."""
+        if not isinstance(self._source, HeldParquet):
+            return
+        held = self._source.held
+        columns = dict(held.columns) if held is not None else {}
+        locator = held.locator if held is not None else None
+        names = [self._names[c] for c in key_cols]
+        if locator is None and held is not None and all(n in columns for n in names):
+            locator = KeyLocator.of(row_keys(self.read(key_cols), key_cols))
+        added = {self._names[c]: self._columns[c] for c in [*key_cols, *ordering]
+                 if c in self._columns and self._names[c] not in columns and (locator is None or c not in key_cols)}
+        if held is not None and locator is held.locator and not added:
+            return
+        columns = {n: c for n, c in {**columns, **added}.items() if locator is None or n not in names}
+        file_cache.PROBED.put(self._source.location,
+                              file_cache.ProbedColumns(self._source.schema_arrow, self.metadata, columns, locator))
 
     def _fetch(self, names: list[str]) -> list[pa.ChunkedArray]:
         if isinstance(self._source, pa.Table):
@@ -444,25 +481,66 @@ class StoredRows:
         # an events batch at 5M rows a tenth of its wall time (measured).
         return self._source.read(columns=names, use_threads=False).columns
 
-    def _column(self, f: pa.Field) -> pa.Array | pa.ChunkedArray:
+    def _column(self, f: pa.Field, rows: np.ndarray | None) -> pa.Array | pa.ChunkedArray:
+        n = self.num_rows if rows is None else len(rows)
         if f.name in self._values:  # one scalar repeated, not a list of n values: 3% of a rewrite
-            return pa.repeat(pa.scalar(self._values[f.name], pa.string()), self.num_rows).cast(f.type)
+            return pa.repeat(pa.scalar(self._values[f.name], pa.string()), n).cast(f.type)
         if f.name in self._columns:
-            return self._columns[f.name].cast(f.type)
-        return pa.nulls(self.num_rows, f.type)  # a column added since the file was written
+            column = self._columns[f.name]
+            return (column if rows is None else column.take(rows)).cast(f.type)
+        return pa.nulls(n, f.type)  # a column added since the file was written
+
+
+class HeldParquet:
+    """A data file's Parquet, opened on the first read of a column its probe columns
+    (`file_cache.PROBED`, when held) do not hold."""
+
+    def __init__(self, fs: pafs.FileSystem, location: str):
+        self.location = location
+        self.held = file_cache.PROBED.get(location)
+        self._fs = fs
+        self._file: pq.ParquetFile | None = None
+        self._stream = None
+
+    @property
+    def schema_arrow(self) -> pa.Schema:
+        return self.held.schema if self.held is not None else self._parquet().schema_arrow
+
+    @property
+    def metadata(self) -> pq.FileMetaData:
+        return self.held.metadata if self.held is not None else self._parquet().metadata
+
+    def read(self, columns: Sequence[str], use_threads: bool = False) -> pa.Table:
+        held = self.held.columns if self.held is not None else {}
+        rest = [c for c in columns if c not in held]
+        read = self._parquet().read(columns=rest, use_threads=use_threads) if rest else None
+        return pa.table({c: held[c] if c in held else read.column(c) for c in columns})
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+    def _parquet(self) -> pq.ParquetFile:
+        if self._file is None:
+            self._stream = self._fs.open_input_file(self.location)
+            self._file = pq.ParquetFile(self._stream)
+        return self._file
 
 
 @contextmanager
 def _stored_rows(fs: pafs.FileSystem, location: str, schema: pa.Schema, values: Mapping[str, str | None],
                  mapping: ColumnMapping | None) -> Iterator[StoredRows]:
-    """The file at `location`: from memory when this process wrote it lately, else its Parquet,
-    open while the caller reads it."""
+    """The file at `location`: from memory when this process wrote it lately, else its Parquet
+    (its probe columns from memory when held), open while the caller reads it."""
     held = file_cache.WRITTEN.get(location)
     if held is not None:
         yield StoredRows(held, schema, values, mapping)
         return
-    with fs.open_input_file(location) as source:
-        yield StoredRows(pq.ParquetFile(source), schema, values, mapping)
+    source = HeldParquet(fs, location)
+    try:
+        yield StoredRows(source, schema, values, mapping)
+    finally:
+        source.close()
 
 
 def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]:
@@ -498,18 +576,20 @@ def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes
     """The batch's `rows` applied to `stored` (one file), where `at` gives each stored row's
     incoming row (null: none). An update that is a no-op (the stored row already holds exactly
     the new values, e.g. an event delivered again with its ordering) changes nothing and
-    rewrites no file. Of the stored rows' other columns, only those the change needs are read."""
+    rewrites no file. Of the stored rows' other columns, only those the change needs are read,
+    and only at the rows `at` hits: the cost follows the batch's rows, not the file's."""
     none = np.zeros(len(at), bool)
     nothing = FileChange(none, writes.schema.empty_table(), 0, none)
-    hit = pc.is_valid(at)
-    incoming = rows.take(at.filter(hit))
-    ordering = stored.read(writes.ordering).filter(hit)
+    hits = np.flatnonzero(pc.is_valid(at).to_numpy(zero_copy_only=False))
+    incoming = rows.take(at.take(hits))
+    ordering = stored.read(writes.ordering, hits)
     newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
                                 [ordering.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
     if not pc.any(newer).as_py():
         return nothing
     updated = pc.and_(newer, pc.invert(pc.fill_null(pc.equal(incoming.column(WRITE_COLUMN), DELETE), False)))
     new = incoming.filter(updated)
+    updated_rows = hits[updated.to_numpy(zero_copy_only=False)]
     # An identity column keeps the stored row's value (the stream does not carry it).
     kept = [c.name for c in writes.identity.columns] if writes.identity is not None else []
     # A no-op needs the stored ordering's values, so the stored rows are compared whole only
@@ -517,9 +597,9 @@ def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes
     ordering_schema = pa.schema([writes.schema.field(c) for c in writes.ordering])
     ties = _same_rows([new.column(f.name).cast(f.type) for f in ordering_schema], ordering.filter(updated),
                       ordering_schema)
-    unchanged = has_unchanged(new)  # values the source did not send (unchanged_value)
+    unchanged = writes.holds_unchanged and has_unchanged(new)  # values the source did not send (unchanged_value)
     whole = writes.partial or unchanged or ties.any()
-    old = stored.read(None if whole else kept).filter(hit).filter(updated) if whole or kept else None
+    old = stored.read(None if whole else kept, updated_rows) if whole or kept else None
     columns = [old.column(f.name) if f.name in kept else new.column(f.name).cast(f.type) for f in writes.schema]
     if writes.partial:
         partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
@@ -531,11 +611,10 @@ def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes
     gone[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
     if not gone.any():
         return FileChange(none, nothing.replaced, int(same.sum()), none)
-    hits = hit.to_numpy(zero_copy_only=False)
     changed = np.zeros(len(at), bool)  # per stored row
-    changed[hits] = gone
+    changed[hits[gone]] = True
     deleted = np.zeros(len(at), bool)
-    deleted[hits] = newer.to_numpy(zero_copy_only=False) & ~updated.to_numpy(zero_copy_only=False)
+    deleted[hits[newer.to_numpy(zero_copy_only=False) & ~updated.to_numpy(zero_copy_only=False)]] = True
     return FileChange(changed, pa.table(columns, schema=writes.schema).filter(pa.array(~same)), int(same.sum()),
                       deleted)
 

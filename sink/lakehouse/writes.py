@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,6 +15,7 @@ from sink import keys
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.identity import IdentityValues
 from sink.lakehouse.log import USER_METADATA, commit_record
+from sink.partial import has_unchanged
 
 WRITE_COLUMN = "__sink_write"
 # ignore_null_updates: on an update, whether its null columns keep the stored values.
@@ -47,6 +49,12 @@ class Writes:
     @property
     def partial(self) -> bool:
         return PARTIAL_COLUMN in self.rows.column_names
+
+    @cached_property
+    def holds_unchanged(self) -> bool:
+        """Some value of the batch is the UNCHANGED marker (unchanged_value; most batches hold
+        none): checked once, not per file."""
+        return has_unchanged(self.rows)
 
     def table_rows(self) -> pa.Table:
         """The rows as the table stores them (no write columns)."""

@@ -73,13 +73,17 @@ def contents(path):
 
 @pytest.fixture(params=[0, 1 << 30], ids=["files read", "files held"])
 def written_files(request):
-    """This process's file cache, off or on (files the rewrite wrote are then read from it)."""
-    before = file_cache.WRITTEN.max_bytes
-    file_cache.WRITTEN.clear()
-    file_cache.WRITTEN.resize(request.param)
+    """This process's file caches, off or on: files the rewrite wrote are then read from
+    memory, and the key and ordering columns of files it probed (the keys sorted from the
+    second probe on)."""
+    before = file_cache.WRITTEN.max_bytes, file_cache.PROBED.max_bytes
+    for cache in (file_cache.WRITTEN, file_cache.PROBED):
+        cache.clear()
+        cache.resize(request.param)
     yield file_cache.WRITTEN
-    file_cache.WRITTEN.clear()
-    file_cache.WRITTEN.resize(before)
+    for cache, size in zip((file_cache.WRITTEN, file_cache.PROBED), before):
+        cache.clear()
+        cache.resize(size)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -99,8 +103,9 @@ def test_rewrite_gives_the_table_merge_gives(tmp_path, seed, written_files):
 
 
 def test_files_this_process_wrote_are_read_back_from_memory(tmp_path, written_files):
-    """Batch 1 rewrites a file of each partition; batch 2 updates the same keys: with the
-    cache on it reads no Parquet, and both end in the table MERGE gives."""
+    """Batch 1 rewrites a file of each partition; batches 2 and 3 update the same keys: with the
+    caches on they read no Parquet (the rewritten files from memory, the others' keys held
+    from batch 1's probe, sorted in batch 2's), and all end in the table MERGE gives."""
     path, by_merge = str(tmp_path / "t"), str(tmp_path / "merge")
     rows, _ = seeded(path), seeded(by_merge)
     opened = []
@@ -110,7 +115,7 @@ def test_files_this_process_wrote_are_read_back_from_memory(tmp_path, written_fi
         opened.append(source)
         return parquet_file(source, *args, **kwargs)
 
-    for batch in (1, 2):
+    for batch in (1, 2, 3):
         updates = [{**rows[i], "o1": 10 + batch, "v": f"b{batch}", "w": "update"} for i in (0, 1, 2)]
         opened.clear()
         with pytest.MonkeyPatch.context() as patch:
@@ -118,9 +123,11 @@ def test_files_this_process_wrote_are_read_back_from_memory(tmp_path, written_fi
             done = commit_rewrite(path, writes_of(updates, batch=batch))
         merge.commit(DeltaTable(by_merge), writes_of(updates, batch=batch), [{"day": d} for d in DAYS])
         assert len(done.removes) == 3
-        # Each partition has two files; batch 1 reads both (delta-rs wrote them), batch 2 only the
-        # one it did not write, unless the cache is off.
-        assert len(opened) == (6 if batch == 1 or not written_files.max_bytes else 3)
+        # Each partition has two files; batch 1 reads both (delta-rs wrote them), unless the caches
+        # are off, later batches read none.
+        assert len(opened) == (6 if batch == 1 or not written_files.max_bytes else 0)
+        held = file_cache.PROBED.get(next(iter(file_cache.PROBED._tables), "")) if written_files.max_bytes else None
+        assert (held is not None and held.locator is not None) == (batch > 1 and bool(written_files.max_bytes))
     assert contents(path) == contents(by_merge)
     assert len(written_files) == (3 if written_files.max_bytes else 0)  # the files replaced went
 

@@ -1,0 +1,50 @@
+"""Where a data file holds given keys, found in time that grows with the keys looked up, not
+with the file: its keys sorted once, then a binary search per key. A file merge-on-read
+leaves in place is probed again by every batch that updates its partition; `pc.index_in` over
+its keys would hash every row of it each time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass(frozen=True)
+class KeyLocator:
+    """One file's keys (`rewrite.row_keys`), sorted, and each one's row in the file."""
+
+    sorted_keys: pa.Array
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, keys: pa.Array) -> KeyLocator:
+        order = pc.sort_indices(keys)  # nulls last, where search_sorted expects them
+        return cls(keys.take(order), order.to_numpy())
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def get_total_buffer_size(self) -> int:
+        return self.sorted_keys.get_total_buffer_size() + self.rows.nbytes
+
+    def find(self, incoming: pa.Array) -> pa.Array:
+        """What `pc.index_in(keys, value_set=incoming)` gives: per row of the file, the position
+        in `incoming` of its key (the first, when `incoming` repeats it), null where none."""
+        lo = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="left"), 0).to_numpy()
+        hi = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="right"), 0).to_numpy()
+        counts = (hi - lo).astype(np.int64)
+        # Each incoming key's run of equal keys in the sorted file (a file may repeat a key).
+        needle = np.repeat(np.arange(len(incoming), dtype=np.int32), counts)
+        first = np.cumsum(counts) - counts
+        rows = self.rows[np.arange(len(needle)) - np.repeat(first, counts) + np.repeat(lo, counts).astype(np.int64)]
+        if not len(rows):
+            return pa.nulls(self.num_rows, pa.int32())
+        at = np.full(self.num_rows, -1, np.int32)
+        order = np.lexsort((needle, rows))  # by row, then the first incoming position
+        found, where = np.unique(rows[order], return_index=True)
+        at[found] = needle[order][where]
+        return pa.array(at, mask=at < 0)
