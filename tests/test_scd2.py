@@ -415,9 +415,9 @@ def test_a_late_event_reads_only_the_files_of_its_partition(spark, tmp_path, mon
     sink(spark.createDataFrame([(i, f"2026-01-0{d}", 10, "a") for i in range(20) for d in (1, 2, 3)], schema), 0)
     probed = []
 
-    def recording(fs, root, files, *rest):
+    def recording(fs, root, files, *rest, **options):
         probed.extend(f.partition_values["dt"] for f in files)
-        return matching_files(fs, root, files, *rest)
+        return matching_files(fs, root, files, *rest, **options)
 
     monkeypatch.setattr(versions, "matching_files", recording)
     sink(spark.createDataFrame([(7, "2026-01-02", 5, "b")], schema), 1)

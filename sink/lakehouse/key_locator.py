@@ -31,20 +31,17 @@ class KeyLocator:
     def get_total_buffer_size(self) -> int:
         return self.sorted_keys.get_total_buffer_size() + self.rows.nbytes
 
-    def find(self, incoming: pa.Array) -> pa.Array:
-        """What `pc.index_in(keys, value_set=incoming)` gives: per row of the file, the position
-        in `incoming` of its key (the first, when `incoming` repeats it), null where none."""
+    def find(self, incoming: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """The file's rows holding a key of `incoming`, ascending, and each one's position in
+        `incoming` (the first, when `incoming` repeats the key): what `pc.index_in(keys,
+        value_set=incoming)` says, without a value per row of the file."""
         lo = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="left"), 0).to_numpy()
         hi = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="right"), 0).to_numpy()
         counts = (hi - lo).astype(np.int64)
         # Each incoming key's run of equal keys in the sorted file (a file may repeat a key).
-        needle = np.repeat(np.arange(len(incoming), dtype=np.int32), counts)
+        needle = np.repeat(np.arange(len(incoming), dtype=np.int64), counts)
         first = np.cumsum(counts) - counts
         rows = self.rows[np.arange(len(needle)) - np.repeat(first, counts) + np.repeat(lo, counts).astype(np.int64)]
-        if not len(rows):
-            return pa.nulls(self.num_rows, pa.int32())
-        at = np.full(self.num_rows, -1, np.int32)
         order = np.lexsort((needle, rows))  # by row, then the first incoming position
         found, where = np.unique(rows[order], return_index=True)
-        at[found] = needle[order][where]
-        return pa.array(at, mask=at < 0)
+        return found.astype(np.int64), needle[order][where]

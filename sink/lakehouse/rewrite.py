@@ -24,9 +24,9 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
@@ -336,23 +336,26 @@ def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile
     marks: list[Mark] = []
     change_rows: list[tuple[str, pa.Table]] = []
     unchanged = 0
-    for f, stored, at, deleted in matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema,
-                                                 writes.column_mapping, writes.ordering):
-        matched[probed[at.drop_null().to_numpy()]] = True
-        change = file_change(stored, changes, at, writes)
-        unchanged += change.unchanged
-        if not change.gone.any():
-            continue
-        removed.append(f)
-        if writes.change_data:
-            change_rows.extend(change.change_rows(stored.read()))
-        if writes.merge_on_read:
-            marks.append(Mark(f, deleted | BitMap64(np.flatnonzero(change.gone).tolist()), stored.num_rows,
-                              stored.metadata))
-            outputs.append(change.replaced)
-        else:
-            outputs.append(pa.concat_tables([stored.read().filter(pa.array(~change.gone)), change.replaced]))
-    if not writes.merge_on_read:  # the files' rows live on in the new files (once the probe let go of them)
+    with ExitStack() as stack:
+        found = matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema,
+                               writes.column_mapping, writes.ordering, stack=stack)
+        for (f, stored, hits, deleted), change in zip(found, file_changes([(s, h) for _, s, h, _ in found], changes,
+                                                                          writes)):
+            matched[probed[hits.incoming]] = True
+            unchanged += change.unchanged
+            if not len(change.gone):
+                continue
+            removed.append(f)
+            if writes.change_data:
+                change_rows.extend(change.change_rows(stored))
+            if writes.merge_on_read:
+                marks.append(Mark(f, deleted | BitMap64(change.gone.tolist()), stored.num_rows, stored.metadata))
+                outputs.append(change.replaced)
+            else:
+                kept = np.ones(stored.num_rows, bool)
+                kept[change.gone] = False
+                outputs.append(pa.concat_tables([stored.read().filter(pa.array(kept)), change.replaced]))
+    if not writes.merge_on_read:  # their rows live on in the new files
         for f in removed:
             for cache in (file_cache.WRITTEN, file_cache.PROBED):
                 cache.discard(f"{root}/{unquote(f.path)}")
@@ -386,34 +389,58 @@ def file_key_columns(key_cols: Sequence[str], partition_by: Sequence[str]) -> li
     return [c for c in key_cols if c not in partition_by]
 
 
+@dataclass(frozen=True)
+class Hits:
+    """A data file's rows holding a key the batch changes: their positions in the file,
+    ascending, and each one's position among the batch's keys."""
+
+    rows: np.ndarray
+    incoming: np.ndarray
+
+    @classmethod
+    def of(cls, at: pa.Array) -> Hits:
+        """From `pc.index_in(file keys, value_set=batch keys)`: per row of the file, null or a position."""
+        rows = np.flatnonzero(pc.is_valid(at).to_numpy(zero_copy_only=False))
+        return cls(rows, at.take(pa.array(rows)).to_numpy(zero_copy_only=False).astype(np.int64))
+
+    def live(self, deleted: BitMap64) -> Hits:
+        """Without the rows a deletion vector deletes: they are not the table's."""
+        kept = ~np.isin(self.rows, deletion_vectors.positions(deleted))
+        return Hits(self.rows[kept], self.incoming[kept])
+
+    def mask(self, num_rows: int) -> np.ndarray:
+        """Per row of the file: hit."""
+        out = np.zeros(num_rows, bool)
+        out[self.rows] = True
+        return out
+
+
 def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,
                    key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema,
-                   mapping: ColumnMapping | None = None, ordering: Sequence[str] = ()
-                   ) -> Iterator[tuple[StoredFile, StoredRows, pa.Array, BitMap64]]:
+                   mapping: ColumnMapping | None = None, ordering: Sequence[str] = (), *, stack: ExitStack
+                   ) -> list[tuple[StoredFile, StoredRows, Hits, BitMap64]]:
     """Of one partition's `files` (its partition `values`), those holding a row of
-    `incoming_keys` (`row_keys`): each with its rows (`StoredRows`, every physical row), per
-    row its key's position in `incoming_keys` (null: none, or a row its deletion vector
-    deletes: those rows are not the table's), and the rows its deletion vector deletes. Each
-    file is probed on its key columns alone; its other columns are read as the caller needs
-    them, while it handles the file. A file read from Parquet has its key and `ordering`
-    columns held (`file_cache.PROBED`), so probing it again reads nothing."""
+    `incoming_keys` (`row_keys`): each with its rows (`StoredRows`, every physical row), its
+    rows holding one of those keys (`Hits`; not the rows its deletion vector deletes, which
+    are not the table's), and the rows its deletion vector deletes. Each file is probed on its
+    key columns alone; its other columns are read as the caller needs them. A file read from
+    Parquet has its key and `ordering` columns held (`file_cache.PROBED`) once `stack`
+    closes, so probing it again reads nothing."""
+    found = []
     for f in files:
-        with _stored_rows(fs, f"{root}/{unquote(f.path)}", schema, values, mapping) as stored:
-            try:
-                at = stored.key_positions(key_cols, incoming_keys)
-                if at.null_count == len(at):
-                    continue
-                deleted = BitMap64()
-                if f.deletion_vector is not None:  # read only for a file the probe matched: most match nothing
-                    deleted = deletion_vectors.read(fs, root, f.deletion_vector)
-                    live = np.ones(len(at), bool)
-                    live[deletion_vectors.positions(deleted)] = False
-                    at = pc.if_else(pa.array(live), at, pa.nulls(len(at), at.type))
-                    if at.null_count == len(at):
-                        continue
-                yield f, stored, at, deleted
-            finally:
-                stored.hold(key_cols, ordering)
+        stored = _stored_rows(fs, f"{root}/{unquote(f.path)}", schema, values, mapping)
+        stack.callback(stored.hold, key_cols, ordering)  # once the caller read the orderings it needs
+        hits = stored.hits(key_cols, incoming_keys)
+        if not len(hits.rows):
+            continue
+        deleted = BitMap64()
+        if f.deletion_vector is not None:  # read only for a file the probe matched: most match nothing
+            deleted = deletion_vectors.read(fs, root, f.deletion_vector)
+            hits = hits.live(deleted)
+            if not len(hits.rows):
+                continue
+        found.append((f, stored, hits, deleted))
+    return found
 
 
 class StoredRows:
@@ -445,13 +472,12 @@ class StoredRows:
         return pa.table([self._column(self._schema.field(c), rows) for c in columns],
                         schema=pa.schema([self._schema.field(c) for c in columns]))
 
-    def key_positions(self, key_cols: Sequence[str], incoming_keys: pa.Array) -> pa.Array:
-        """Per physical row, the position of its key (`row_keys` of `key_cols`) in
-        `incoming_keys`, null where none."""
+    def hits(self, key_cols: Sequence[str], incoming_keys: pa.Array) -> Hits:
+        """The rows whose key (`row_keys` of `key_cols`) is one of `incoming_keys`."""
         held = self._source.held if isinstance(self._source, HeldParquet) else None
         if held is not None and held.locator is not None:
-            return held.locator.find(incoming_keys)
-        return pc.index_in(row_keys(self.read(key_cols), key_cols), value_set=incoming_keys)
+            return Hits(*held.locator.find(incoming_keys))
+        return Hits.of(pc.index_in(row_keys(self.read(key_cols), key_cols), value_set=incoming_keys))
 
     def hold(self, key_cols: Sequence[str], ordering: Sequence[str]) -> None:
         """Keep what probing the file again takes in `file_cache.PROBED`, when it was read from
@@ -492,55 +518,46 @@ class StoredRows:
 
 
 class HeldParquet:
-    """A data file's Parquet, opened on the first read of a column its probe columns
-    (`file_cache.PROBED`, when held) do not hold."""
+    """A data file's Parquet, read where its probe columns (`file_cache.PROBED`, when held) do
+    not hold a column. The file is open only while a read runs (its footer read once): a
+    partition's files are decided together (`file_changes`), and a partition of many small
+    files must not hold a descriptor for each."""
 
     def __init__(self, fs: pafs.FileSystem, location: str):
         self.location = location
         self.held = file_cache.PROBED.get(location)
         self._fs = fs
-        self._file: pq.ParquetFile | None = None
-        self._stream = None
+        self._metadata: pq.FileMetaData | None = None if self.held is None else self.held.metadata
 
     @property
     def schema_arrow(self) -> pa.Schema:
-        return self.held.schema if self.held is not None else self._parquet().schema_arrow
+        return self.held.schema if self.held is not None else self.metadata.schema.to_arrow_schema()
 
     @property
     def metadata(self) -> pq.FileMetaData:
-        return self.held.metadata if self.held is not None else self._parquet().metadata
+        if self._metadata is None:
+            with self._fs.open_input_file(self.location) as stream:
+                self._metadata = pq.ParquetFile(stream).metadata
+        return self._metadata
 
     def read(self, columns: Sequence[str], use_threads: bool = False) -> pa.Table:
         held = self.held.columns if self.held is not None else {}
         rest = [c for c in columns if c not in held]
-        read = self._parquet().read(columns=rest, use_threads=use_threads) if rest else None
+        read = None
+        if rest:
+            with self._fs.open_input_file(self.location) as stream:
+                read = pq.ParquetFile(stream, metadata=self._metadata).read(columns=rest, use_threads=use_threads)
         return pa.table({c: held[c] if c in held else read.column(c) for c in columns})
 
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
 
-    def _parquet(self) -> pq.ParquetFile:
-        if self._file is None:
-            self._stream = self._fs.open_input_file(self.location)
-            self._file = pq.ParquetFile(self._stream)
-        return self._file
-
-
-@contextmanager
 def _stored_rows(fs: pafs.FileSystem, location: str, schema: pa.Schema, values: Mapping[str, str | None],
-                 mapping: ColumnMapping | None) -> Iterator[StoredRows]:
+                 mapping: ColumnMapping | None) -> StoredRows:
     """The file at `location`: from memory when this process wrote it lately, else its Parquet
-    (its probe columns from memory when held), open while the caller reads it."""
+    (its probe columns from memory when held)."""
     held = file_cache.WRITTEN.get(location)
     if held is not None:
-        yield StoredRows(held, schema, values, mapping)
-        return
-    source = HeldParquet(fs, location)
-    try:
-        yield StoredRows(source, schema, values, mapping)
-    finally:
-        source.close()
+        return StoredRows(held, schema, values, mapping)
+    return StoredRows(HeldParquet(fs, location), schema, values, mapping)
 
 
 def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]:
@@ -561,35 +578,40 @@ def with_inserts(rewritten: list[pa.Table], inserts: pa.Table) -> list[pa.Table]
 class FileChange:
     """What a batch changes in one stored file."""
 
-    gone: np.ndarray  # per stored row: replaced or deleted
+    gone: np.ndarray  # the stored rows replaced or deleted, ascending
     replaced: pa.Table  # the new versions of the replaced rows (in the table's schema)
     unchanged: int  # updates that were no-ops: the stored row already held their values
-    deleted: np.ndarray  # per stored row: deleted (the others of `gone` are replaced)
+    deleted: np.ndarray  # the rows of `gone` deleted (the others are replaced)
 
-    def change_rows(self, stored: pa.Table) -> list[tuple[str, pa.Table]]:
+    def change_rows(self, stored: StoredRows) -> list[tuple[str, pa.Table]]:
         """Its rows for the change data feed: pre-images, post-images, deletes."""
-        return [(UPDATE_PREIMAGE, stored.filter(pa.array(self.gone & ~self.deleted))),
-                (UPDATE_POSTIMAGE, self.replaced), (CHANGE_DELETE, stored.filter(pa.array(self.deleted)))]
+        preimages = np.setdiff1d(self.gone, self.deleted, assume_unique=True)
+        return [(UPDATE_PREIMAGE, stored.read(None, preimages)), (UPDATE_POSTIMAGE, self.replaced),
+                (CHANGE_DELETE, stored.read(None, self.deleted))]
 
 
-def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes) -> FileChange:
-    """The batch's `rows` applied to `stored` (one file), where `at` gives each stored row's
-    incoming row (null: none). An update that is a no-op (the stored row already holds exactly
-    the new values, e.g. an event delivered again with its ordering) changes nothing and
-    rewrites no file. Of the stored rows' other columns, only those the change needs are read,
-    and only at the rows `at` hits: the cost follows the batch's rows, not the file's."""
-    none = np.zeros(len(at), bool)
-    nothing = FileChange(none, writes.schema.empty_table(), 0, none)
-    hits = np.flatnonzero(pc.is_valid(at).to_numpy(zero_copy_only=False))
-    incoming = rows.take(at.take(hits))
-    ordering = stored.read(writes.ordering, hits)
+def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, writes: Writes) -> list[FileChange]:
+    """The batch's `rows` applied to each stored file of `found` (one partition's), whose rows
+    its `Hits` holds keys of `rows`. An update that is a no-op (the stored row already holds
+    exactly the new values, e.g. an event delivered again with its ordering) changes nothing
+    and rewrites no file. Of the stored rows' other columns, only those the change needs are
+    read, and only at the rows hit; the files are decided together, so the cost follows the
+    batch's rows, not the files' count or size."""
+    none = np.zeros(0, np.int64)
+    nothing = [FileChange(none, writes.schema.empty_table(), 0, none)] * len(found)
+    if not found:
+        return []
+    counts = np.array([len(h.rows) for _, h in found])
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    incoming = rows.take(pa.array(np.concatenate([h.incoming for _, h in found])))
+    ordering = pa.concat_tables([s.read(writes.ordering, h.rows) for s, h in found])
     newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
                                 [ordering.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
     if not pc.any(newer).as_py():
         return nothing
     updated = pc.and_(newer, pc.invert(pc.fill_null(pc.equal(incoming.column(WRITE_COLUMN), DELETE), False)))
     new = incoming.filter(updated)
-    updated_rows = hits[updated.to_numpy(zero_copy_only=False)]
+    is_newer, is_updated = newer.to_numpy(zero_copy_only=False), updated.to_numpy(zero_copy_only=False)
     # An identity column keeps the stored row's value (the stream does not carry it).
     kept = [c.name for c in writes.identity.columns] if writes.identity is not None else []
     # A no-op needs the stored ordering's values, so the stored rows are compared whole only
@@ -599,7 +621,10 @@ def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes
                       ordering_schema)
     unchanged = writes.holds_unchanged and has_unchanged(new)  # values the source did not send (unchanged_value)
     whole = writes.partial or unchanged or ties.any()
-    old = stored.read(None if whole else kept, updated_rows) if whole or kept else None
+    old = None
+    if whole or kept:
+        old = pa.concat_tables([s.read(None if whole else kept, h.rows[is_updated[bounds[i]:bounds[i + 1]]])
+                                for i, (s, h) in enumerate(found)])
     columns = [old.column(f.name) if f.name in kept else new.column(f.name).cast(f.type) for f in writes.schema]
     if writes.partial:
         partial = pc.fill_null(new.column(PARTIAL_COLUMN), False)
@@ -607,16 +632,24 @@ def file_change(stored: StoredRows, rows: pa.Table, at: pa.Array, writes: Writes
     if unchanged:
         columns = keep_unchanged(columns, old, writes.schema)
     same = _same_rows(columns, old, writes.schema) if whole else np.zeros(new.num_rows, bool)
-    gone = newer.to_numpy(zero_copy_only=False).copy()  # per hit: replaced or deleted
-    gone[np.flatnonzero(updated.to_numpy(zero_copy_only=False))[same]] = False
-    if not gone.any():
-        return FileChange(none, nothing.replaced, int(same.sum()), none)
-    changed = np.zeros(len(at), bool)  # per stored row
-    changed[hits[gone]] = True
-    deleted = np.zeros(len(at), bool)
-    deleted[hits[newer.to_numpy(zero_copy_only=False) & ~updated.to_numpy(zero_copy_only=False)]] = True
-    return FileChange(changed, pa.table(columns, schema=writes.schema).filter(pa.array(~same)), int(same.sum()),
-                      deleted)
+    gone = is_newer.copy()  # per hit: replaced or deleted
+    gone[np.flatnonzero(is_updated)[same]] = False
+    replaced = pa.table(columns, schema=writes.schema).filter(pa.array(~same))
+    # Per file: its hits' slice, and its replaced rows' (both in file order).
+    file_of_replaced = np.repeat(np.arange(len(found)), counts)[is_updated][~same]
+    replaced_bounds = np.searchsorted(file_of_replaced, np.arange(len(found) + 1))
+    file_of_same = np.repeat(np.arange(len(found)), counts)[is_updated][same]
+    out = []
+    for i, (_, h) in enumerate(found):
+        part = slice(bounds[i], bounds[i + 1])
+        no_ops = int(np.count_nonzero(file_of_same == i))
+        if not gone[part].any():
+            out.append(FileChange(none, nothing[0].replaced, no_ops, none))
+            continue
+        out.append(FileChange(h.rows[gone[part]],
+                              replaced.slice(replaced_bounds[i], replaced_bounds[i + 1] - replaced_bounds[i]), no_ops,
+                              h.rows[(is_newer & ~is_updated)[part]]))
+    return out
 
 
 def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> np.ndarray:

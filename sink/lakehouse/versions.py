@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -237,12 +238,14 @@ def _stored(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], probe: 
         key_cols = file_key_columns(writes.key_cols, writes.partition_by)
         key_schema = pa.schema([schema.field(c) for c in key_cols])
         incoming = pc.unique(row_keys(conform(probe, key_schema), key_cols))
-        for f, stored, at, _ in matching_files(fs, root, files, incoming, key_cols, files[0].partition_values, schema):
-            rows = stored.read()
-            touched = pc.is_valid(at)
-            kept.append(rows.filter(pc.invert(touched)))
-            before.append(rows.filter(touched))
-            removed.append(f)
+        with ExitStack() as stack:
+            for f, stored, hits, _ in matching_files(fs, root, files, incoming, key_cols, files[0].partition_values,
+                                                     schema, stack=stack):
+                rows = stored.read()
+                touched = pa.array(hits.mask(stored.num_rows))
+                kept.append(rows.filter(pc.invert(touched)))
+                before.append(rows.filter(touched))
+                removed.append(f)
     return _Stored([t for t in kept if t.num_rows], removed, pa.concat_tables(before))
 
 

@@ -102,30 +102,41 @@ def test_rewrite_gives_the_table_merge_gives(tmp_path, seed, written_files):
     assert DeltaTable(b).transaction_version("w") in (None, 4)
 
 
+class _Recorded:
+    """A filesystem that records the files opened through it."""
+
+    def __init__(self, fs, opened):
+        self._fs, self._opened = fs, opened
+
+    def open_input_file(self, location):
+        self._opened.add(location)
+        return self._fs.open_input_file(location)
+
+
 def test_files_this_process_wrote_are_read_back_from_memory(tmp_path, written_files):
     """Batch 1 rewrites a file of each partition; batches 2 and 3 update the same keys: with the
     caches on they read no Parquet (the rewritten files from memory, the others' keys held
     from batch 1's probe, sorted in batch 2's), and all end in the table MERGE gives."""
     path, by_merge = str(tmp_path / "t"), str(tmp_path / "merge")
     rows, _ = seeded(path), seeded(by_merge)
-    opened = []
-    parquet_file = pq.ParquetFile
+    read_from = set()
+    opening = rewrite.HeldParquet.__init__
 
-    def counting(source, *args, **kwargs):
-        opened.append(source)
-        return parquet_file(source, *args, **kwargs)
+    def located(self, fs, location):
+        opening(self, fs, location)
+        self._fs = _Recorded(fs, read_from)
 
     for batch in (1, 2, 3):
         updates = [{**rows[i], "o1": 10 + batch, "v": f"b{batch}", "w": "update"} for i in (0, 1, 2)]
-        opened.clear()
+        read_from.clear()
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(rewrite.pq, "ParquetFile", counting)
+            patch.setattr(rewrite.HeldParquet, "__init__", located)
             done = commit_rewrite(path, writes_of(updates, batch=batch))
         merge.commit(DeltaTable(by_merge), writes_of(updates, batch=batch), [{"day": d} for d in DAYS])
         assert len(done.removes) == 3
         # Each partition has two files; batch 1 reads both (delta-rs wrote them), unless the caches
         # are off, later batches read none.
-        assert len(opened) == (6 if batch == 1 or not written_files.max_bytes else 0)
+        assert len(read_from) == (6 if batch == 1 or not written_files.max_bytes else 0)
         held = file_cache.PROBED.get(next(iter(file_cache.PROBED._tables), "")) if written_files.max_bytes else None
         assert (held is not None and held.locator is not None) == (batch > 1 and bool(written_files.max_bytes))
     assert contents(path) == contents(by_merge)
@@ -244,8 +255,8 @@ def test_merge_on_read_reads_a_files_values_only_to_compare_a_tie(tmp_path, tie)
     writes = dataclasses.replace(writes_of([update]), merge_on_read=True)
     at = pc.index_in(rewrite.row_keys(stored.read(["k1", "k2"]), ["k1", "k2"]),
                      value_set=rewrite.row_keys(writes.rows, ["k1", "k2"]))
-    change = rewrite.file_change(stored, writes.rows, at, writes)
-    assert change.gone.tolist() == [False, False, True, False, False]
+    change, = rewrite.file_changes([(stored, rewrite.Hits.of(at))], writes.rows, writes)
+    assert change.gone.tolist() == [2]
     assert change.replaced.to_pylist() == [{k: v for k, v in update.items() if k != "w"}]
     assert source.reads == [["k1", "k2"], ["o1", "o2"]] + ([["v", "n"]] if tie else [])
     assert stored.read(["day"]).column("day").to_pylist() == [DAYS[0]] * 5  # from the log, not the file
