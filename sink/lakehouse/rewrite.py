@@ -513,7 +513,11 @@ class StoredRows:
             return pa.repeat(pa.scalar(self._values[f.name], pa.string()), n).cast(f.type)
         if f.name in self._columns:
             column = self._columns[f.name]
-            return (column if rows is None else column.take(rows)).cast(f.type)
+            if rows is None:
+                return column.cast(f.type)
+            # Rows first where the types agree; a file's own type (delta-rs writes string_view,
+            # which `take` has no kernel for) is cast whole first.
+            return column.take(rows) if column.type == f.type else column.cast(f.type).take(rows)
         return pa.nulls(n, f.type)  # a column added since the file was written
 
 

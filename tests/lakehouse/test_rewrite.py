@@ -6,6 +6,7 @@ import datetime as dt
 import random
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -343,3 +344,15 @@ def test_a_remove_outside_the_read_version_fails_the_check(tmp_path):
     incomplete = rewrite.StoredFile(snapshot["day=2024-01-01"][0].path, 10, {})
     with pytest.raises(CommitCheckError, match="not a file of the version the batch read"):
         rewrite.check_actions(path, rewrite.Rewrite([], [incomplete]), snapshot, SCHEMA, ["day"])
+
+
+def test_stored_rows_read_at_given_rows_in_the_tables_types_whatever_the_files():
+    """delta-rs writes strings as string_view, which Arrow cannot `take` from: such a column
+    is cast before its rows are taken."""
+    held = pa.table({"k1": pa.array([1, 2, 3], pa.int64()), "k2": pa.array(["a", "b", "c"], pa.string_view()),
+                     "o1": pa.array([7, 8, 9], pa.int32())})
+    stored = rewrite.StoredRows(held, SCHEMA, {"day": DAYS[0]}, None)
+    rows = stored.read(["k2", "o1", "day", "v"], np.array([2, 0]))
+    assert rows.schema == pa.schema([SCHEMA.field(c) for c in ("k2", "o1", "day", "v")])
+    assert rows.to_pylist() == [{"k2": "c", "o1": 9, "day": DAYS[0], "v": None},
+                                {"k2": "a", "o1": 7, "day": DAYS[0], "v": None}]
