@@ -640,13 +640,13 @@ def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, write
     gone[np.flatnonzero(is_updated)[same]] = False
     replaced = pa.table(columns, schema=writes.schema).filter(pa.array(~same))
     # Per file: its hits' slice, and its replaced rows' (both in file order).
-    file_of_replaced = np.repeat(np.arange(len(found)), counts)[is_updated][~same]
-    replaced_bounds = np.searchsorted(file_of_replaced, np.arange(len(found) + 1))
-    file_of_same = np.repeat(np.arange(len(found)), counts)[is_updated][same]
+    file_of_update = np.repeat(np.arange(len(found)), counts)[is_updated]
+    replaced_bounds = np.searchsorted(file_of_update[~same], np.arange(len(found) + 1))
+    no_ops_per_file = np.bincount(file_of_update[same], minlength=len(found))
     out = []
     for i, (_, h) in enumerate(found):
         part = slice(bounds[i], bounds[i + 1])
-        no_ops = int(np.count_nonzero(file_of_same == i))
+        no_ops = int(no_ops_per_file[i])
         if not gone[part].any():
             out.append(FileChange(none, nothing[0].replaced, no_ops, none))
             continue
