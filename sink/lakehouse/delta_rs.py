@@ -34,7 +34,7 @@ from sink.lakehouse.features import (
 )
 from sink.lakehouse.identity import IdentityColumn, IdentityValues
 from sink.lakehouse.live_vectors import LiveDeletionVectors
-from sink.lakehouse.log import CommitSummary, filesystem, read_commit
+from sink.lakehouse.log import CommitSummary, filesystem, read_app_versions, read_commit
 from sink.lakehouse.merge_clauses import UpsertSpec, upsert_clauses
 from sink.lakehouse.predicates import partitions_predicate, quote_ident
 from sink.lakehouse.schema import pending, with_added
@@ -414,7 +414,8 @@ class DeltaTarget:
 
     def _version_carrying(self, app_id: str, batch_id: int, after: int) -> int | None:
         """The version after `after` whose app transaction is (app_id, batch_id), if any."""
-        return next((c.version for c in self.commits_since(after) if c.app_versions.get(app_id) == batch_id), None)
+        return next((v for v in range(after + 1, self.version() + 1)
+                     if (read_app_versions(self.uri, v) or {}).get(app_id) == batch_id), None)
 
 
 def rows_in(table: DeltaTable, pids: Sequence[str], columns: Sequence[str]) -> pa.Table:

@@ -108,13 +108,39 @@ def read_commit(table_uri: str, version: int, partition_cols: list[str],
     """Summary of commit `version`, or None when its log file is no longer there. `log_keys`:
     the names the log's partition values go by, one per partition column (under column
     mapping their physical names: `ColumnMapping.log_keys`); by default the columns' own."""
+    text = _log_text(table_uri, version)
+    return None if text is None else parse_commit(version, text, partition_cols, log_keys)
+
+
+# How Delta's writers (delta-rs and Spark alike) begin a file action's line in the log.
+_FILE_ACTIONS = ('{"add":', '{"remove":', '{"cdc":')
+
+
+def read_app_versions(table_uri: str, version: int) -> dict[str, int] | None:
+    """The app transactions (`txn`) of commit `version`, or None when its log file is no longer
+    there. Its file actions, nearly all of a batch's commit, are not decoded: telling which
+    version carries a batch is all that reading a commit the sink just made back takes."""
+    text = _log_text(table_uri, version)
+    if text is None:
+        return None
+    apps = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(_FILE_ACTIONS):
+            continue
+        action = json.loads(line)
+        if "txn" in action:
+            apps[action["txn"]["appId"]] = int(action["txn"]["version"])
+    return apps
+
+
+def _log_text(table_uri: str, version: int) -> str | None:
+    """Commit `version`'s log entry, or None when it is no longer there."""
     fs, path = filesystem(log_file(table_uri, version))
     try:
         with fs.open_input_stream(path) as f:
-            text = f.read().decode()
+            return f.read().decode()
     except FileNotFoundError:
         return None
-    return parse_commit(version, text, partition_cols, log_keys)
 
 
 def recorded_num_shards(table_uri: str, version: int, writer_id: str, partition_cols: list[str],

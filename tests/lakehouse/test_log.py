@@ -2,7 +2,7 @@
 
 import json
 
-from sink.lakehouse.log import parse_commit
+from sink.lakehouse.log import parse_commit, read_app_versions, read_commit
 
 # A commit on a column-mapped table: partition values keyed by the physical name of `dt`.
 MAPPED = "\n".join(json.dumps(a) for a in [
@@ -21,3 +21,28 @@ def test_partition_values_under_physical_names_are_read_by_them():
 def test_partition_values_under_names_not_given_leave_the_partitions_unknown():
     # Read as the table's names, a physical name matches none: never a wrong partition.
     assert parse_commit(3, MAPPED, ["dt"]).partitions is None
+
+
+def _logged(tmp_path, version: int, actions: list[dict], separators=(",", ":")) -> str:
+    log = tmp_path / "_delta_log"
+    log.mkdir(exist_ok=True)
+    (log / f"{version:020d}.json").write_text("\n".join(json.dumps(a, separators=separators) for a in actions) + "\n")
+    return str(tmp_path)
+
+
+def test_app_versions_are_read_as_the_whole_commit_reads_them(tmp_path):
+    actions = [{"commitInfo": {"operation": "MERGE", "txn": "not an action"}},
+               {"add": {"path": "txn=1/a.parquet", "partitionValues": {"dt": "x"}, "dataChange": True,
+                        "stats": json.dumps({"txn": {"appId": "not", "version": 9}})}},
+               {"txn": {"appId": "sink", "version": 7, "lastUpdated": 1}},
+               {"remove": {"path": "b.parquet", "partitionValues": {"dt": "x"}, "dataChange": True}},
+               {"txn": {"appId": "other", "version": 2}}]
+    uri = _logged(tmp_path, 4, actions)
+    assert read_app_versions(uri, 4) == read_commit(uri, 4, ["dt"]).app_versions == {"sink": 7, "other": 2}
+    # A writer that spaces its JSON is read the same.
+    spaced = _logged(tmp_path, 5, actions, separators=(", ", ": "))
+    assert read_app_versions(spaced, 5) == {"sink": 7, "other": 2}
+
+
+def test_app_versions_of_a_gone_log_entry_are_unknown(tmp_path):
+    assert read_app_versions(str(tmp_path), 3) is None
