@@ -18,11 +18,16 @@ class KeyLocator:
 
     sorted_keys: pa.Array
     rows: np.ndarray
+    unique: bool  # no key repeated: each incoming key finds one row at most
 
     @classmethod
     def of(cls, keys: pa.Array) -> KeyLocator:
         order = pc.sort_indices(keys)  # nulls last, where search_sorted expects them
-        return cls(keys.take(order), order.to_numpy())
+        ordered = keys.take(order)
+        # Sorted, a repeated key sits next to itself (nulls, all last, compare as null).
+        repeated = len(ordered) > 1 and (ordered.null_count > 1 or pc.any(
+            pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))).as_py() is True)
+        return cls(ordered, order.to_numpy(), not repeated)
 
     @property
     def num_rows(self) -> int:
@@ -36,8 +41,15 @@ class KeyLocator:
         `incoming` (the first, when `incoming` repeats the key): what `pc.index_in(keys,
         value_set=incoming)` says, without a value per row of the file."""
         lo = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="left"), 0).to_numpy()
-        hi = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="right"), 0).to_numpy()
-        counts = (hi - lo).astype(np.int64)
+        if self.unique:  # a key's run is its row at `lo`, when that row holds it
+            if self.num_rows:
+                equal = pc.equal(self.sorted_keys.take(np.minimum(lo, self.num_rows - 1)), incoming)
+            else:
+                equal = pa.nulls(len(incoming), pa.bool_())
+            counts = pc.fill_null(equal, False).to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            hi = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="right"), 0).to_numpy()
+            counts = (hi - lo).astype(np.int64)
         # Each incoming key's run of equal keys in the sorted file (a file may repeat a key).
         needle = np.repeat(np.arange(len(incoming), dtype=np.int64), counts)
         first = np.cumsum(counts) - counts
