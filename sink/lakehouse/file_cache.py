@@ -97,6 +97,9 @@ class ProbedColumns:
         self.metadata = metadata  # pyarrow.parquet.FileMetaData
         self.columns = columns
         self.locator = locator
+        # Its stats as a file with a deletion vector carries them (`rewrite._wide_stats`), by
+        # the table's column mapping; a few hundred bytes, not counted.
+        self.marked_stats: dict[tuple[tuple[str, str], ...] | None, str] = {}
 
     def get_total_buffer_size(self) -> int:
         held = sum(c.get_total_buffer_size() for c in self.columns.values())

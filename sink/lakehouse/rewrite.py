@@ -25,9 +25,10 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -219,33 +220,71 @@ def stored_files(table: DeltaTable, partition_by: Sequence[str],
     values = actions.column("partition").to_pylist() if partition_by else [{}] * actions.num_rows
     vectors = vectors or {}
     out: dict[str, list[StoredFile]] = {}
+    pids: dict[tuple[str | None, ...], str] = {}  # a partition's files are many: its id is named once
     for path, size, typed in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(),
                                  values):
         strings = {c: partition_string(typed[c]) for c in partition_by}
-        pid = keys.partition_id(partition_by, [strings[c] for c in partition_by])
+        named = tuple(strings.values())
+        pid = pids.get(named) or pids.setdefault(named, keys.partition_id(partition_by, named))
         out.setdefault(pid, []).append(StoredFile(path, size, strings, vectors.get(unquote(path))))
     return out
 
 
 def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Writes) -> Rewrite:
-    """Write the batch's files: one task per partition, in threads (pyarrow's reads, writes
-    and kernels release the GIL)."""
+    """Write the batch's files in three steps: each partition's files are probed for its
+    updated and deleted keys, in threads (pyarrow's reads and kernels release the GIL); what
+    the batch changes in all the files found is decided in one pass (`file_changes`), whose
+    cost follows the batch's changed rows, not a round of small kernels per partition; then
+    each partition's files are written, in threads."""
     encoded = pc.dictionary_encode(writes.partition_ids())
     names = encoded.dictionary.to_pylist()
     group = encoded.indices.to_numpy(zero_copy_only=False)
     order = np.argsort(group, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(names)))])
     rows = writes.rows.take(pa.array(order))
-    updating = changing(writes.rows).to_numpy(zero_copy_only=False)[order]
+    updating = changing(rows).to_numpy(zero_copy_only=False)
+    # Files are probed for the updated and deleted keys only: the index found no stored row
+    # for an insert (as the append path trusts it), and most of a partition's writes are
+    # inserts (today's partition: ~10x its updates), each of which would be hashed again per
+    # file probed. Partition i's are changes[starts[i]:starts[i + 1]].
+    changes = rows.filter(pa.array(updating))
+    starts = np.concatenate([[0], np.cumsum(updating)])[bounds]
+    key_cols = file_key_columns(writes.key_cols, writes.partition_by)
+    incoming_keys = row_keys(conform(changes, pa.schema([writes.schema.field(c) for c in key_cols])), key_cols)
     groups = [rows.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(names))]
-    touched = {i for i in range(len(names)) if updating[bounds[i]:bounds[i + 1]].any()}
+    values = [{c: partition_string(g.column(c)[0].as_py()) for c in writes.partition_by} for g in groups]
     fs, root = filesystem(uri)
 
-    def one(i: int) -> Rewrite:
-        return rewrite_partition(fs, root, snapshot.get(names[i], []) if i in touched else [], groups[i], writes)
+    def probe(i: int) -> tuple[list[FoundFile], ExitStack]:
+        if starts[i] == starts[i + 1]:
+            return [], ExitStack()
+        with ExitStack() as stack:
+            found = matching_files(fs, root, snapshot.get(names[i], []),
+                                   incoming_keys.slice(starts[i], starts[i + 1] - starts[i]), key_cols, values[i],
+                                   writes.schema, writes.column_mapping, writes.ordering, stack=stack)
+            return found, stack.pop_all()
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        done = list(pool.map(one, range(len(names))))
+        probes = list(pool.map(probe, range(len(names))))
+        try:
+            decided = file_changes([(stored, Hits(hits.rows, hits.incoming + starts[i]))
+                                    for i, (found, _) in enumerate(probes) for _, stored, hits, _ in found],
+                                   changes, writes, pool=pool)
+            ends = np.cumsum([len(found) for found, _ in probes])
+            per_partition = [decided[end - len(found):end] for end, (found, _) in zip(ends, probes)]
+
+            def write(i: int) -> tuple[Rewrite, list[Mark]]:
+                return rewrite_partition(fs, root, groups[i], values[i], probes[i][0], per_partition[i],
+                                         np.flatnonzero(updating[bounds[i]:bounds[i + 1]]), writes)
+
+            done = list(pool.map(write, range(len(names))))
+        finally:  # what the probes read is held for the next batch (`StoredRows.hold`)
+            list(pool.map(lambda p: p[1].close(), probes))
+    if not writes.merge_on_read:  # the files replaced: their rows live on in the new files
+        for r, _ in done:
+            for f in r.removes:
+                for cache in (file_cache.WRITTEN, file_cache.PROBED):
+                    cache.discard(f"{root}/{unquote(f.path)}")
     marks = [m for _, partition_marks in done for m in partition_marks]
     return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
                    sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks, writes.column_mapping),
@@ -253,18 +292,22 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
                    [writes.identity.high()] if writes.identity and writes.identity.high() else [])
 
 
-def rewrite_partition(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
+def rewrite_partition(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
+                      found: Sequence[FoundFile], decided: Sequence[FileChange], probed: np.ndarray,
                       writes: Writes) -> tuple[Rewrite, list[Mark]]:
-    """The writes `rows` of one partition, whose files are `files` (none: only inserts):
-    the rewritten files and new keys written, the files they replace, (merge-on-read) the
-    files whose rows it marks deleted, and (a change data feed) its change file."""
-    values = {c: partition_string(rows.column(c)[0].as_py()) for c in writes.partition_by}
-    done = _partition_tables(fs, root, files, rows, values, writes)
+    """The writes `rows` of one partition (its partition `values`), whose files `found` hold
+    keys of its updates and deletes (at `probed` among `rows`), what they change in each
+    (`decided`): the rewritten files and new keys written, the files they replace,
+    (merge-on-read) the files whose rows it marks deleted, and (a change data feed) its change
+    file."""
+    done = _partition_tables(rows, found, decided, probed, writes)
     data_schema = pa.schema([f for f in writes.schema if f.name not in writes.partition_by])
     mapping = writes.column_mapping
     changes = [] if done.changes is None else [write_change_file(fs, root, done.changes, values, data_schema,
                                                                  mapping)]
-    return Rewrite(write_partition_files(fs, root, done.outputs, values, data_schema, mapping), done.removed,
+    probe = ProbeColumns(file_key_columns(writes.key_cols, writes.partition_by), writes.ordering)
+    return Rewrite(write_partition_files(fs, root, done.outputs, values, data_schema, mapping,
+                                         probe=probe if writes.merge_on_read else None), done.removed,
                    done.unchanged, changes=changes), done.marks
 
 
@@ -294,6 +337,9 @@ def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping:
     """Write the marks' deletion vectors (one file for all of them) and pair them with their
     files; a file whose every row is deleted is only removed (its remove is already listed)."""
     kept = [m for m in marks if len(m.rows) < m.physical_rows]
+    for m in marks:
+        if len(m.rows) == m.physical_rows:  # no snapshot after this batch's names it
+            file_cache.PROBED.discard(f"{root}/{unquote(m.stored.path)}")
     if not kept:
         return []
     descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in kept])
@@ -303,8 +349,15 @@ def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping:
 def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark, mapping: ColumnMapping | None) -> str:
     """A marked file's stats: its physical row count, its footer's bounds, not tight (the
     protocol's requirement for a file with a deletion vector, and what Spark writes); under a
-    column `mapping`, of the table's columns alone, keyed by physical name."""
-    metadata = mark.metadata or pq.read_metadata(f"{root}/{unquote(mark.stored.path)}", filesystem=fs)
+    column `mapping`, of the table's columns alone, keyed by physical name. Kept with the
+    file's probe columns when held: a file merge-on-read leaves in place is marked again by
+    most batches, and its footer does not change."""
+    location = f"{root}/{unquote(mark.stored.path)}"
+    held = file_cache.PROBED.get(location)
+    columns = None if mapping is None else tuple(mapping.physical.items())
+    if held is not None and columns in held.marked_stats:
+        return held.marked_stats[columns]
+    metadata = mark.metadata or pq.read_metadata(location, filesystem=fs)
     schema = metadata.schema.to_arrow_schema()
     skip = mark.stored.partition_values
     if mapping is not None:
@@ -312,53 +365,39 @@ def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark, mapping: ColumnMappi
         schema = pa.schema([schema.field(in_file[c]).with_name(mapping.physical[c]) for c in in_file])
         skip = mapping.partition_values(skip)
     stats = json.loads(stats_json(metadata, schema, skip=skip))
-    return json.dumps({**stats, "numRecords": mark.physical_rows, "tightBounds": False})
+    text = json.dumps({**stats, "numRecords": mark.physical_rows, "tightBounds": False})
+    if held is not None:
+        held.marked_stats[columns] = text
+    return text
 
 
-def _partition_tables(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], rows: pa.Table,
-                      values: Mapping[str, str | None], writes: Writes) -> PartitionWrites:
+def _partition_tables(rows: pa.Table, found: Sequence[FoundFile], decided: Sequence[FileChange], probed: np.ndarray,
+                      writes: Writes) -> PartitionWrites:
     """One partition: the tables to write (rewritten files, then new keys), the files they
     replace, the no-op updates, (merge-on-read) the files whose rows are marked deleted
     instead, their new row versions written with the new keys, and (`writes.change_data`) the
     rows of its change data feed."""
-    # Files are probed for the updated and deleted keys only: the index found no stored row
-    # for an insert (as the append path trusts it), and most of a partition's writes are
-    # inserts (today's partition: ~10x its updates), each of which would be hashed again per
-    # file probed.
-    probed = np.flatnonzero(changing(rows).to_numpy(zero_copy_only=False))
-    changes = rows.take(pa.array(probed))
-    key_cols = file_key_columns(writes.key_cols, writes.partition_by)
-    key_schema = pa.schema([writes.schema.field(c) for c in key_cols])
-    incoming_keys = row_keys(conform(changes, key_schema), key_cols)
     matched = np.zeros(rows.num_rows, bool)
     outputs: list[pa.Table] = []
     removed: list[StoredFile] = []
     marks: list[Mark] = []
     change_rows: list[tuple[str, pa.Table]] = []
     unchanged = 0
-    with ExitStack() as stack:
-        found = matching_files(fs, root, files, incoming_keys, key_cols, values, writes.schema,
-                               writes.column_mapping, writes.ordering, stack=stack)
-        for (f, stored, hits, deleted), change in zip(found, file_changes([(s, h) for _, s, h, _ in found], changes,
-                                                                          writes)):
-            matched[probed[hits.incoming]] = True
-            unchanged += change.unchanged
-            if not len(change.gone):
-                continue
-            removed.append(f)
-            if writes.change_data:
-                change_rows.extend(change.change_rows(stored))
-            if writes.merge_on_read:
-                marks.append(Mark(f, deleted | BitMap64(change.gone.tolist()), stored.num_rows, stored.metadata))
-                outputs.append(change.replaced)
-            else:
-                kept = np.ones(stored.num_rows, bool)
-                kept[change.gone] = False
-                outputs.append(pa.concat_tables([stored.read().filter(pa.array(kept)), change.replaced]))
-    if not writes.merge_on_read:  # their rows live on in the new files
-        for f in removed:
-            for cache in (file_cache.WRITTEN, file_cache.PROBED):
-                cache.discard(f"{root}/{unquote(f.path)}")
+    for (f, stored, hits, deleted), change in zip(found, decided):
+        matched[probed[hits.incoming]] = True
+        unchanged += change.unchanged
+        if not len(change.gone):
+            continue
+        removed.append(f)
+        if writes.change_data:
+            change_rows.extend(change.change_rows(stored))
+        if writes.merge_on_read:
+            marks.append(Mark(f, deleted | BitMap64(change.gone.tolist()), stored.num_rows, stored.metadata))
+            outputs.append(change.replaced)
+        else:
+            kept = np.ones(stored.num_rows, bool)
+            kept[change.gone] = False
+            outputs.append(pa.concat_tables([stored.read().filter(pa.array(kept)), change.replaced]))
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))
     inserts = conform(rows.filter(new_keys), writes.schema) if pc.any(new_keys).as_py() else None
@@ -400,12 +439,29 @@ class Hits:
     @classmethod
     def of(cls, at: pa.Array) -> Hits:
         """From `pc.index_in(file keys, value_set=batch keys)`: per row of the file, null or a position."""
-        rows = np.flatnonzero(pc.is_valid(at).to_numpy(zero_copy_only=False))
-        return cls(rows, at.take(pa.array(rows)).to_numpy(zero_copy_only=False).astype(np.int64))
+        return cls.of_each(at, [len(at)])[0]
+
+    @classmethod
+    def of_each(cls, at: pa.Array | pa.ChunkedArray, sizes: Sequence[int]) -> list[Hits]:
+        """Each file's, from `pc.index_in` over the keys of files of `sizes` rows, one after the other."""
+        valid = pc.is_valid(at)
+        rows = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
+        incoming = pc.filter(at, valid).to_numpy(zero_copy_only=False).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        ends = np.searchsorted(rows, starts)
+        return [cls(rows[ends[i]:ends[i + 1]] - starts[i], incoming[ends[i]:ends[i + 1]]) for i in range(len(sizes))]
+
+    def in_file(self, rows: np.ndarray) -> Hits:
+        """Hits found at positions of a file's sorted keys, at the file's `rows` they sort from."""
+        at = rows[self.rows]
+        order = np.argsort(at, kind="stable")
+        return Hits(at[order], self.incoming[order])
 
     def live(self, deleted: BitMap64) -> Hits:
         """Without the rows a deletion vector deletes: they are not the table's."""
-        kept = ~np.isin(self.rows, deletion_vectors.positions(deleted))
+        gone = deletion_vectors.positions(deleted)  # ascending, as `rows`
+        at = np.minimum(np.searchsorted(gone, self.rows), max(len(gone) - 1, 0))
+        kept = gone[at] != self.rows if len(gone) else np.ones(len(self.rows), bool)
         return Hits(self.rows[kept], self.incoming[kept])
 
     def mask(self, num_rows: int) -> np.ndarray:
@@ -415,10 +471,19 @@ class Hits:
         return out
 
 
+class FoundFile(NamedTuple):
+    """A stored file holding a key the batch changes (`matching_files`)."""
+
+    file: StoredFile
+    stored: StoredRows
+    hits: Hits
+    deleted: BitMap64  # the rows its deletion vector deletes
+
+
 def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], incoming_keys: pa.Array,
                    key_cols: Sequence[str], values: Mapping[str, str | None], schema: pa.Schema,
                    mapping: ColumnMapping | None = None, ordering: Sequence[str] = (), *, stack: ExitStack
-                   ) -> list[tuple[StoredFile, StoredRows, Hits, BitMap64]]:
+                   ) -> list[FoundFile]:
     """Of one partition's `files` (its partition `values`), those holding a row of
     `incoming_keys` (`row_keys`): each with its rows (`StoredRows`, every physical row), its
     rows holding one of those keys (`Hits`; not the rows its deletion vector deletes, which
@@ -427,10 +492,10 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
     Parquet has its key and `ordering` columns held (`file_cache.PROBED`) once `stack`
     closes, so probing it again reads nothing."""
     found = []
-    for f in files:
-        stored = _stored_rows(fs, f"{root}/{unquote(f.path)}", schema, values, mapping)
+    stored_rows = [_stored_rows(fs, f"{root}/{unquote(f.path)}", schema, values, mapping) for f in files]
+    for stored in stored_rows:
         stack.callback(stored.hold, key_cols, ordering)  # once the caller read the orderings it needs
-        hits = stored.hits(key_cols, incoming_keys)
+    for f, stored, hits in zip(files, stored_rows, _hits(stored_rows, key_cols, incoming_keys)):
         if not len(hits.rows):
             continue
         deleted = BitMap64()
@@ -439,8 +504,34 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
             hits = hits.live(deleted)
             if not len(hits.rows):
                 continue
-        found.append((f, stored, hits, deleted))
+        found.append(FoundFile(f, stored, hits, deleted))
     return found
+
+
+# A file of fewer rows has its keys hashed with the partition's other small files' in one
+# `pc.index_in` rather than searched (`KeyLocator.find`): a search costs about what hashing
+# this many keys does (0.3 ms, measured), and merge-on-read adds a small file to a partition
+# each batch.
+_SEARCHED_ROWS = 16_384
+
+
+def _hits(stored: Sequence[StoredRows], key_cols: Sequence[str], incoming_keys: pa.Array) -> list[Hits]:
+    """Each file's rows whose key (`row_keys` of `key_cols`) is one of `incoming_keys`: a large
+    file's by its sorted keys where held, the others' by one `pc.index_in` over all their keys."""
+    out: list[Hits | None] = [None] * len(stored)
+    hashed = []
+    for i, s in enumerate(stored):
+        if s.locator is not None and s.locator.num_rows >= _SEARCHED_ROWS:
+            out[i] = Hits(*s.locator.find(incoming_keys))
+        else:
+            hashed.append(i)
+    if hashed:
+        file_keys = [row_keys(stored[i].read(key_cols), key_cols) if stored[i].locator is None
+                     else stored[i].locator.sorted_keys for i in hashed]
+        at = pc.index_in(pa.chunked_array(file_keys, type=incoming_keys.type), value_set=incoming_keys)
+        for i, hits in zip(hashed, Hits.of_each(at, [len(k) for k in file_keys])):
+            out[i] = hits if stored[i].locator is None else hits.in_file(stored[i].locator.rows)
+    return out
 
 
 class StoredRows:
@@ -466,18 +557,32 @@ class StoredRows:
     def read(self, columns: Sequence[str] | None = None, rows: np.ndarray | None = None) -> pa.Table:
         """The table's `columns` (None: all of them), every physical row or those at `rows`."""
         columns = self._schema.names if columns is None else list(columns)
-        missing = [c for c in columns if c not in self._values and c in self._names and c not in self._columns]
-        if missing:
-            self._columns.update(zip(missing, self._fetch([self._names[c] for c in missing])))
+        self.fetch(columns)
         return pa.table([self._column(self._schema.field(c), rows) for c in columns],
                         schema=pa.schema([self._schema.field(c) for c in columns]))
 
-    def hits(self, key_cols: Sequence[str], incoming_keys: pa.Array) -> Hits:
-        """The rows whose key (`row_keys` of `key_cols`) is one of `incoming_keys`."""
+    def fetch(self, columns: Sequence[str]) -> None:
+        """Have the table's `columns` in memory, read once."""
+        missing = self._missing(columns)
+        if missing:
+            self._columns.update(zip(missing, self._fetch([self._names[c] for c in missing])))
+
+    def reads_parquet(self, columns: Sequence[str] | None) -> bool:
+        """Whether reading `columns` (None: all of them) takes a read of its Parquet."""
+        missing = self._missing(self._schema.names if columns is None else columns)
         held = self._source.held if isinstance(self._source, HeldParquet) else None
-        if held is not None and held.locator is not None:
-            return Hits(*held.locator.find(incoming_keys))
-        return Hits.of(pc.index_in(row_keys(self.read(key_cols), key_cols), value_set=incoming_keys))
+        return isinstance(self._source, HeldParquet) and not (
+            held is not None and all(self._names[c] in held.columns for c in missing))
+
+    def _missing(self, columns: Sequence[str]) -> list[str]:
+        """Of `columns`, those the file holds that are not read yet."""
+        return [c for c in columns if c not in self._values and c in self._names and c not in self._columns]
+
+    @property
+    def locator(self) -> KeyLocator | None:
+        """Its keys sorted, when held (`hold`)."""
+        held = self._source.held if isinstance(self._source, HeldParquet) else None
+        return held.locator if held is not None else None
 
     def hold(self, key_cols: Sequence[str], ordering: Sequence[str]) -> None:
         """Keep what probing the file again takes in `file_cache.PROBED`, when it was read from
@@ -594,13 +699,15 @@ class FileChange:
                 (CHANGE_DELETE, stored.read(None, self.deleted))]
 
 
-def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, writes: Writes) -> list[FileChange]:
+def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, writes: Writes, *,
+                 pool: Executor | None = None) -> list[FileChange]:
     """The batch's `rows` applied to each stored file of `found` (one partition's), whose rows
     its `Hits` holds keys of `rows`. An update that is a no-op (the stored row already holds
     exactly the new values, e.g. an event delivered again with its ordering) changes nothing
     and rewrites no file. Of the stored rows' other columns, only those the change needs are
     read, and only at the rows hit; the files are decided together, so the cost follows the
-    batch's rows, not the files' count or size."""
+    batch's rows, not the files' count or size. The stored columns are read in `pool`'s
+    threads, when given and a file's are read from Parquet."""
     none = np.zeros(0, np.int64)
     nothing = [FileChange(none, writes.schema.empty_table(), 0, none)] * len(found)
     if not found:
@@ -608,6 +715,7 @@ def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, write
     counts = np.array([len(h.rows) for _, h in found])
     bounds = np.concatenate([[0], np.cumsum(counts)])
     incoming = rows.take(pa.array(np.concatenate([h.incoming for _, h in found])))
+    _fetch_from_parquet([s for s, _ in found], writes.ordering, pool)
     ordering = pa.concat_tables([s.read(writes.ordering, h.rows) for s, h in found])
     newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
                                 [ordering.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
@@ -627,7 +735,9 @@ def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, write
     whole = writes.partial or unchanged or ties.any()
     old = None
     if whole or kept:
-        old = pa.concat_tables([s.read(None if whole else kept, h.rows[is_updated[bounds[i]:bounds[i + 1]]])
+        columns = writes.schema.names if whole else kept
+        _fetch_from_parquet([s for s, _ in found], columns, pool)
+        old = pa.concat_tables([s.read(columns, h.rows[is_updated[bounds[i]:bounds[i + 1]]])
                                 for i, (s, h) in enumerate(found)])
     columns = [old.column(f.name) if f.name in kept else new.column(f.name).cast(f.type) for f in writes.schema]
     if writes.partial:
@@ -654,6 +764,14 @@ def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, write
                               replaced.slice(replaced_bounds[i], replaced_bounds[i + 1] - replaced_bounds[i]), no_ops,
                               h.rows[(is_newer & ~is_updated)[part]]))
     return out
+
+
+def _fetch_from_parquet(stored: Sequence[StoredRows], columns: Sequence[str], pool: Executor | None) -> None:
+    """Read the files' `columns` that only their Parquet holds, in `pool`'s threads when given
+    (the rest are in memory: a thread each would only pass the GIL around)."""
+    cold = [s for s in stored if s.reads_parquet(columns)]
+    if pool is not None and len(cold) > 1:
+        list(pool.map(lambda s: s.fetch(columns), cold))
 
 
 def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> np.ndarray:
@@ -706,23 +824,36 @@ def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[Stored
                                    "nothing was committed")
 
 
+@dataclass(frozen=True)
+class ProbeColumns:
+    """What a later batch probes a file for: its key columns (those the files hold) and its
+    ordering columns."""
+
+    key_cols: Sequence[str]
+    ordering: Sequence[str]
+
+
 def write_partition_files(fs: pafs.FileSystem, root: str, tables: Sequence[pa.Table],
                           values: Mapping[str, str | None], data_schema: pa.Schema,
-                          mapping: ColumnMapping | None = None) -> list[WrittenFile]:
+                          mapping: ColumnMapping | None = None, *, probe: ProbeColumns | None = None
+                          ) -> list[WrittenFile]:
     """One partition's new data files, one per table: which columns to dictionary-encode is
     decided once, on the largest (a partition's files hold alike values)."""
     if not tables:
         return []
     dictionary = _dictionary_columns(max(tables, key=lambda t: t.num_rows).select(data_schema.names))
-    return [write_file(fs, root, t, values, data_schema, dictionary, mapping) for t in tables]
+    return [write_file(fs, root, t, values, data_schema, dictionary, mapping, probe=probe) for t in tables]
 
 
 def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
-               data_schema: pa.Schema, dictionary: Sequence[str], mapping: ColumnMapping | None = None
-               ) -> WrittenFile:
+               data_schema: pa.Schema, dictionary: Sequence[str], mapping: ColumnMapping | None = None, *,
+               probe: ProbeColumns | None = None) -> WrittenFile:
     """One new data file (partition columns live in the log, not in the file) and its action;
     `dictionary`: the columns to dictionary-encode (`_dictionary_columns`); under a column
-    `mapping` the file and its stats name the columns by physical name."""
+    `mapping` the file and its stats name the columns by physical name. Its rows are held for
+    the next batch (`file_cache.WRITTEN`), or, given what it is probed for (`probe`: a
+    merge-on-read batch marks rows, it rewrites no file), its sorted keys and orderings alone
+    (`file_cache.PROBED`)."""
     data = rows.select(data_schema.names)
     stored = data if mapping is None else mapping.to_physical(data)
     if mapping is not None:
@@ -734,7 +865,14 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
     pq.write_table(stored, f"{root}/{path}", filesystem=fs, compression="snappy", coerce_timestamps="us",
                    use_dictionary=list(dictionary), metadata_collector=metadata)
     size = fs.get_file_info(f"{root}/{path}").size
-    file_cache.WRITTEN.put(f"{root}/{path}", stored)
+    if probe is None:
+        file_cache.WRITTEN.put(f"{root}/{path}", stored)
+    else:
+        in_file = (lambda c: c) if mapping is None else mapping.physical.__getitem__
+        file_cache.PROBED.put(f"{root}/{path}", file_cache.ProbedColumns(
+            metadata[0].schema.to_arrow_schema(), metadata[0],
+            {in_file(c): data.column(c) for c in probe.ordering if c in data_schema.names},
+            KeyLocator.of(row_keys(data, probe.key_cols))))
     stats = stats_json(metadata[0], stored.schema)
     action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
     return WrittenFile(action, metadata[0].schema.to_arrow_schema())

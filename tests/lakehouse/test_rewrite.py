@@ -11,10 +11,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 
 from sink.errors import CommitCheckError
 from sink.lakehouse import file_cache, merge, rewrite
+from sink.lakehouse.contract import Contract
+from sink.lakehouse.delta_rs import DeltaTarget
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 
 SCHEMA = pa.schema([("k1", pa.int64()), ("k2", pa.string()), ("day", pa.string()), ("o1", pa.int64()),
@@ -101,6 +103,36 @@ def test_rewrite_gives_the_table_merge_gives(tmp_path, seed, written_files):
         commit_rewrite(b, w)
         assert contents(b) == contents(a)
     assert DeltaTable(b).transaction_version("w") in (None, 4)
+
+
+def marked_contents(path):
+    """delta-rs' own reader, which applies deletion vectors."""
+    read = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t").read_all()
+    return sorted(pa.table(read).to_pylist(), key=lambda r: (r["day"], r["k1"], r["k2"]))
+
+
+@pytest.mark.parametrize("searched_rows", [0, rewrite._SEARCHED_ROWS], ids=["keys searched", "keys hashed"])
+@pytest.mark.parametrize("seed", range(4))
+def test_merge_on_read_gives_the_table_merge_gives(tmp_path, seed, searched_rows, written_files, monkeypatch):
+    """Random batches marked in deletion vectors: with the caches on, the files the batches
+    write are held by their sorted keys and the seeded files' keys sorted from their second
+    probe, each found by a search or in one hash pass over a partition's files."""
+    monkeypatch.setattr(rewrite, "_SEARCHED_ROWS", searched_rows)
+    a, b = str(tmp_path / "merge"), str(tmp_path / "marked")
+    seeded(a), seeded(b)
+    target = DeltaTarget(b, ["day"], "merge-on-read", allow_protocol_upgrade=True)
+    target.open_or_create(SCHEMA, Contract(("k1", "k2"), ("day",), ("o1", "o2"), "partitioned"))
+    rng = random.Random(seed)
+    ties, partial = seed % 2 == 0, seed % 3 != 0
+    for batch in range(1, 6):
+        w = writes_of(random_batch(rng, 40, a), ties=ties, partial=partial, batch=batch)
+        merge.commit(DeltaTable(a), w, [{"day": d} for d in DAYS])
+        assert target.commit(w.rows, ["k1", "k2"], ["o1", "o2"], "w", batch, {}, ties).mode == "merge-on-read"
+        assert marked_contents(b) == contents(a), f"after batch {batch}"
+    assert pa.table(DeltaTable(b).deletion_vectors()).num_rows > 0
+    # With the caches on, every file the batches wrote is held by its keys, never its rows.
+    assert len(written_files) == 0 and len(file_cache.PROBED) == (
+        len(DeltaTable(b).file_uris()) if written_files.max_bytes else 0)
 
 
 class _Recorded:
@@ -320,8 +352,8 @@ def test_a_file_gone_before_the_commit_fails_the_check_and_commits_nothing(tmp_p
     version = DeltaTable(path).version()
     write_file = rewrite.write_file
 
-    def lost(*args):
-        written = write_file(*args)
+    def lost(*args, **options):
+        written = write_file(*args, **options)
         fs, root = args[:2]
         fs.delete_file(f"{root}/{written.action.path}")
         return written
