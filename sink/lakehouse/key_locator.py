@@ -42,14 +42,19 @@ class KeyLocator:
         value_set=incoming)` says, without a value per row of the file."""
         lo = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="left"), 0).to_numpy()
         if self.unique:  # a key's run is its row at `lo`, when that row holds it
-            if self.num_rows:
-                equal = pc.equal(self.sorted_keys.take(np.minimum(lo, self.num_rows - 1)), incoming)
-            else:
-                equal = pa.nulls(len(incoming), pa.bool_())
-            counts = pc.fill_null(equal, False).to_numpy(zero_copy_only=False).astype(np.int64)
-        else:
-            hi = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="right"), 0).to_numpy()
-            counts = (hi - lo).astype(np.int64)
+            if not self.num_rows:
+                return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            equal = pc.equal(self.sorted_keys.take(np.minimum(lo, self.num_rows - 1)), incoming)
+            needle = np.flatnonzero(pc.fill_null(equal, False).to_numpy(zero_copy_only=False))
+            rows = self.rows[lo[needle]].astype(np.int64)
+            # By row; a stable sort keeps a repeated incoming key's first position first.
+            order = np.argsort(rows, kind="stable")
+            rows, needle = rows[order], needle[order]
+            first = np.ones(len(rows), bool)
+            first[1:] = rows[1:] != rows[:-1]
+            return rows[first], needle[first]
+        hi = pc.fill_null(pc.search_sorted(self.sorted_keys, incoming, side="right"), 0).to_numpy()
+        counts = (hi - lo).astype(np.int64)
         # Each incoming key's run of equal keys in the sorted file (a file may repeat a key).
         needle = np.repeat(np.arange(len(incoming), dtype=np.int64), counts)
         first = np.cumsum(counts) - counts
