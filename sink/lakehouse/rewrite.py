@@ -567,9 +567,9 @@ class StoredRows:
         if missing:
             self._columns.update(zip(missing, self._fetch([self._names[c] for c in missing])))
 
-    def reads_parquet(self, columns: Sequence[str] | None) -> bool:
-        """Whether reading `columns` (None: all of them) takes a read of its Parquet."""
-        missing = self._missing(self._schema.names if columns is None else columns)
+    def reads_parquet(self, columns: Sequence[str]) -> bool:
+        """Whether reading the table's `columns` takes a read of its Parquet."""
+        missing = self._missing(columns)
         held = self._source.held if isinstance(self._source, HeldParquet) else None
         return isinstance(self._source, HeldParquet) and not (
             held is not None and all(self._names[c] in held.columns for c in missing))
@@ -701,8 +701,8 @@ class FileChange:
 
 def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, writes: Writes, *,
                  pool: Executor | None = None) -> list[FileChange]:
-    """The batch's `rows` applied to each stored file of `found` (one partition's), whose rows
-    its `Hits` holds keys of `rows`. An update that is a no-op (the stored row already holds
+    """The batch's `rows` applied to each stored file of `found` (of any partitions), whose
+    rows its `Hits` holds keys of `rows`. An update that is a no-op (the stored row already holds
     exactly the new values, e.g. an event delivered again with its ordering) changes nothing
     and rewrites no file. Of the stored rows' other columns, only those the change needs are
     read, and only at the rows hit; the files are decided together, so the cost follows the
