@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
 from sink.lakehouse.key_locator import KeyLocator
+
+if TYPE_CHECKING:
+    from pyroaring import BitMap64
+
+    from sink.lakehouse.deletion_vectors import Descriptor
 
 
 class Buffers(Protocol):
@@ -100,6 +105,10 @@ class ProbedColumns:
         # Its stats as a file with a deletion vector carries them (`rewrite._wide_stats`), by
         # the table's column mapping; a few hundred bytes, not counted.
         self.marked_stats: dict[tuple[tuple[str, str], ...] | None, str] = {}
+        # The rows its latest deletion vector seen here deletes, by that vector's descriptor
+        # (a vector's bytes never change): the one this process wrote, or read; compressed,
+        # not counted.
+        self.deleted: tuple[Descriptor, BitMap64] | None = None
 
     def get_total_buffer_size(self) -> int:
         held = sum(c.get_total_buffer_size() for c in self.columns.values())

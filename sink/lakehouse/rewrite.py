@@ -343,6 +343,10 @@ def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping:
     if not kept:
         return []
     descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in kept])
+    for m, d in zip(kept, descriptors):
+        held = file_cache.PROBED.get(f"{root}/{unquote(m.stored.path)}")
+        if held is not None:
+            held.deleted = (d, m.rows)
     return [MarkedFile(m.stored, d, _wide_stats(fs, root, m, mapping)) for m, d in zip(kept, descriptors)]
 
 
@@ -471,6 +475,19 @@ class Hits:
         return out
 
 
+def _deleted_rows(fs: pafs.FileSystem, root: str, descriptor: Descriptor,
+                  held: file_cache.ProbedColumns | None) -> BitMap64:
+    """The rows a file's deletion vector deletes: from its probe entry when that holds this
+    vector (merge-on-read re-marks most files it probes every batch, and holds the vector it
+    wrote), else read (and then held)."""
+    if held is not None and held.deleted is not None and held.deleted[0] == descriptor:
+        return held.deleted[1]
+    rows = deletion_vectors.read(fs, root, descriptor)
+    if held is not None:
+        held.deleted = (descriptor, rows)
+    return rows
+
+
 class FoundFile(NamedTuple):
     """A stored file holding a key the batch changes (`matching_files`)."""
 
@@ -500,7 +517,7 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
             continue
         deleted = BitMap64()
         if f.deletion_vector is not None:  # read only for a file the probe matched: most match nothing
-            deleted = deletion_vectors.read(fs, root, f.deletion_vector)
+            deleted = _deleted_rows(fs, root, f.deletion_vector, stored.held)
             hits = hits.live(deleted)
             if not len(hits.rows):
                 continue
@@ -569,20 +586,23 @@ class StoredRows:
 
     def reads_parquet(self, columns: Sequence[str]) -> bool:
         """Whether reading the table's `columns` takes a read of its Parquet."""
-        missing = self._missing(columns)
-        held = self._source.held if isinstance(self._source, HeldParquet) else None
+        held = self.held
         return isinstance(self._source, HeldParquet) and not (
-            held is not None and all(self._names[c] in held.columns for c in missing))
+            held is not None and all(self._names[c] in held.columns for c in self._missing(columns)))
 
     def _missing(self, columns: Sequence[str]) -> list[str]:
         """Of `columns`, those the file holds that are not read yet."""
         return [c for c in columns if c not in self._values and c in self._names and c not in self._columns]
 
     @property
+    def held(self) -> file_cache.ProbedColumns | None:
+        """Its probe entry, when held (`hold`)."""
+        return self._source.held if isinstance(self._source, HeldParquet) else None
+
+    @property
     def locator(self) -> KeyLocator | None:
-        """Its keys sorted, when held (`hold`)."""
-        held = self._source.held if isinstance(self._source, HeldParquet) else None
-        return held.locator if held is not None else None
+        """Its keys sorted, when held."""
+        return self.held.locator if self.held is not None else None
 
     def hold(self, key_cols: Sequence[str], ordering: Sequence[str]) -> None:
         """Keep what probing the file again takes in `file_cache.PROBED`, when it was read from
@@ -601,8 +621,10 @@ class StoredRows:
         if held is not None and locator is held.locator and not added:
             return
         columns = {n: c for n, c in {**columns, **added}.items() if locator is None or n not in names}
-        file_cache.PROBED.put(self._source.location,
-                              file_cache.ProbedColumns(self._source.schema_arrow, self.metadata, columns, locator))
+        entry = file_cache.ProbedColumns(self._source.schema_arrow, self.metadata, columns, locator)
+        if held is not None:
+            entry.marked_stats, entry.deleted = held.marked_stats, held.deleted
+        file_cache.PROBED.put(self._source.location, entry)
 
     def _fetch(self, names: list[str]) -> list[pa.ChunkedArray]:
         if isinstance(self._source, pa.Table):
@@ -867,7 +889,7 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
     size = fs.get_file_info(f"{root}/{path}").size
     if probe is None:
         file_cache.WRITTEN.put(f"{root}/{path}", stored)
-    else:
+    elif file_cache.PROBED.max_bytes:  # none in Spark's writing tasks: their keys go unsorted
         in_file = (lambda c: c) if mapping is None else mapping.physical.__getitem__
         file_cache.PROBED.put(f"{root}/{path}", file_cache.ProbedColumns(
             metadata[0].schema.to_arrow_schema(), metadata[0],

@@ -118,6 +118,9 @@ def test_merge_on_read_gives_the_table_merge_gives(tmp_path, seed, searched_rows
     write are held by their sorted keys and the seeded files' keys sorted from their second
     probe, each found by a search or in one hash pass over a partition's files."""
     monkeypatch.setattr(rewrite, "_SEARCHED_ROWS", searched_rows)
+    vectors_read = []
+    read = rewrite.deletion_vectors.read
+    monkeypatch.setattr(rewrite.deletion_vectors, "read", lambda *args: vectors_read.append(args) or read(*args))
     a, b = str(tmp_path / "merge"), str(tmp_path / "marked")
     seeded(a), seeded(b)
     target = DeltaTarget(b, ["day"], "merge-on-read", allow_protocol_upgrade=True)
@@ -130,9 +133,11 @@ def test_merge_on_read_gives_the_table_merge_gives(tmp_path, seed, searched_rows
         assert target.commit(w.rows, ["k1", "k2"], ["o1", "o2"], "w", batch, {}, ties).mode == "merge-on-read"
         assert marked_contents(b) == contents(a), f"after batch {batch}"
     assert pa.table(DeltaTable(b).deletion_vectors()).num_rows > 0
-    # With the caches on, every file the batches wrote is held by its keys, never its rows.
+    # With the caches on, every file the batches wrote is held by its keys, never its rows,
+    # and every file marked holds the vector this process wrote it: none is read back.
     assert len(written_files) == 0 and len(file_cache.PROBED) == (
         len(DeltaTable(b).file_uris()) if written_files.max_bytes else 0)
+    assert (len(vectors_read) == 0) == bool(written_files.max_bytes)
 
 
 class _Recorded:
