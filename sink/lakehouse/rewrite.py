@@ -441,13 +441,9 @@ class Hits:
     incoming: np.ndarray
 
     @classmethod
-    def of(cls, at: pa.Array) -> Hits:
-        """From `pc.index_in(file keys, value_set=batch keys)`: per row of the file, null or a position."""
-        return cls.of_each(at, [len(at)])[0]
-
-    @classmethod
     def of_each(cls, at: pa.Array | pa.ChunkedArray, sizes: Sequence[int]) -> list[Hits]:
-        """Each file's, from `pc.index_in` over the keys of files of `sizes` rows, one after the other."""
+        """Each file's, from `pc.index_in(file keys, value_set=batch keys)` over the keys of files
+        of `sizes` rows, one after the other: per row, null or a position among the batch's."""
         valid = pc.is_valid(at)
         rows = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
         incoming = pc.filter(at, valid).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -293,7 +293,7 @@ def test_merge_on_read_reads_a_files_values_only_to_compare_a_tie(tmp_path, tie)
     writes = dataclasses.replace(writes_of([update]), merge_on_read=True)
     at = pc.index_in(rewrite.row_keys(stored.read(["k1", "k2"]), ["k1", "k2"]),
                      value_set=rewrite.row_keys(writes.rows, ["k1", "k2"]))
-    change, = rewrite.file_changes([(stored, rewrite.Hits.of(at))], writes.rows, writes)
+    change, = rewrite.file_changes([(stored, rewrite.Hits.of_each(at, [len(at)])[0])], writes.rows, writes)
     assert change.gone.tolist() == [2]
     assert change.replaced.to_pylist() == [{k: v for k, v in update.items() if k != "w"}]
     assert source.reads == [["k1", "k2"], ["o1", "o2"]] + ([["v", "n"]] if tie else [])
