@@ -336,28 +336,32 @@ def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping:
                  ) -> list[MarkedFile]:
     """Write the marks' deletion vectors (one file for all of them) and pair them with their
     files; a file whose every row is deleted is only removed (its remove is already listed)."""
-    kept = [m for m in marks if len(m.rows) < m.physical_rows]
+    kept = []
     for m in marks:
-        if len(m.rows) == m.physical_rows:  # no snapshot after this batch's names it
+        if len(m.rows) < m.physical_rows:
+            kept.append(m)
+        else:  # no snapshot after this batch's names it
             file_cache.PROBED.discard(f"{root}/{unquote(m.stored.path)}")
     if not kept:
         return []
     descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in kept])
+    out = []
     for m, d in zip(kept, descriptors):
-        held = file_cache.PROBED.get(f"{root}/{unquote(m.stored.path)}")
+        location = f"{root}/{unquote(m.stored.path)}"
+        held = file_cache.PROBED.get(location)
         if held is not None:
             held.deleted = (d, m.rows)
-    return [MarkedFile(m.stored, d, _wide_stats(fs, root, m, mapping)) for m, d in zip(kept, descriptors)]
+        out.append(MarkedFile(m.stored, d, _wide_stats(fs, location, m, held, mapping)))
+    return out
 
 
-def _wide_stats(fs: pafs.FileSystem, root: str, mark: Mark, mapping: ColumnMapping | None) -> str:
+def _wide_stats(fs: pafs.FileSystem, location: str, mark: Mark, held: file_cache.ProbedColumns | None,
+                mapping: ColumnMapping | None) -> str:
     """A marked file's stats: its physical row count, its footer's bounds, not tight (the
     protocol's requirement for a file with a deletion vector, and what Spark writes); under a
     column `mapping`, of the table's columns alone, keyed by physical name. Kept with the
-    file's probe columns when held: a file merge-on-read leaves in place is marked again by
-    most batches, and its footer does not change."""
-    location = f"{root}/{unquote(mark.stored.path)}"
-    held = file_cache.PROBED.get(location)
+    file's probe entry (`held`): a file merge-on-read leaves in place is marked again by most
+    batches, and its footer does not change."""
     columns = None if mapping is None else tuple(mapping.physical.items())
     if held is not None and columns in held.marked_stats:
         return held.marked_stats[columns]
