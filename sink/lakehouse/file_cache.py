@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from sink.lakehouse.key_locator import KeyLocator
+from sink.lakehouse.key_locator import KeyLocator, MergedKeys
 
 if TYPE_CHECKING:
     from pyroaring import BitMap64
@@ -110,6 +110,13 @@ class ProbedColumns:
         # not counted.
         self.deleted: tuple[Descriptor, BitMap64] | None = None
 
+    def replaced(self, columns: dict[str, pa.ChunkedArray], locator: KeyLocator | None) -> ProbedColumns:
+        """The same file's entry holding `columns` and `locator` instead, its stats and
+        deletion vector kept."""
+        entry = ProbedColumns(self.schema, self.metadata, columns, locator)
+        entry.marked_stats, entry.deleted = self.marked_stats, self.deleted
+        return entry
+
     def get_total_buffer_size(self) -> int:
         held = sum(c.get_total_buffer_size() for c in self.columns.values())
         return held + (self.locator.get_total_buffer_size() if self.locator is not None else 0)
@@ -117,4 +124,5 @@ class ProbedColumns:
 
 # This process's; sized by the sink on the driver, off (0 bytes) in Spark's Python workers.
 WRITTEN: FileCache[pa.Table] = FileCache()
-PROBED: FileCache[ProbedColumns] = FileCache()
+# Files' entries by location, and partitions' keys sorted together (`rewrite.merged_keys_at`).
+PROBED: FileCache[ProbedColumns | MergedKeys] = FileCache()

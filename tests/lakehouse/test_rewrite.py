@@ -17,6 +17,7 @@ from sink.errors import CommitCheckError
 from sink.lakehouse import file_cache, merge, rewrite
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import DeltaTarget
+from sink.lakehouse.key_locator import MergedKeys
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 
 SCHEMA = pa.schema([("k1", pa.int64()), ("k2", pa.string()), ("day", pa.string()), ("o1", pa.int64()),
@@ -116,7 +117,8 @@ def marked_contents(path):
 def test_merge_on_read_gives_the_table_merge_gives(tmp_path, seed, searched_rows, written_files, monkeypatch):
     """Random batches marked in deletion vectors: with the caches on, the files the batches
     write are held by their sorted keys and the seeded files' keys sorted from their second
-    probe, each found by a search or in one hash pass over a partition's files."""
+    probe, the searched ones merged per partition once four are searched apart; each file is
+    found by a search or in one hash pass over a partition's small files."""
     monkeypatch.setattr(rewrite, "_SEARCHED_ROWS", searched_rows)
     vectors_read = []
     read = rewrite.deletion_vectors.read
@@ -135,9 +137,19 @@ def test_merge_on_read_gives_the_table_merge_gives(tmp_path, seed, searched_rows
     assert pa.table(DeltaTable(b).deletion_vectors()).num_rows > 0
     # With the caches on, every file the batches wrote is held by its keys, never its rows,
     # and every file marked holds the vector this process wrote it: none is read back.
-    assert len(written_files) == 0 and len(file_cache.PROBED) == (
-        len(DeltaTable(b).file_uris()) if written_files.max_bytes else 0)
+    held = [entry for entry, _ in file_cache.PROBED._tables.values()]
+    files = DeltaTable(b).file_uris()
+    assert len(written_files) == 0
+    assert len([e for e in held if isinstance(e, file_cache.ProbedColumns)]) == (len(files) if held else 0)
     assert (len(vectors_read) == 0) == bool(written_files.max_bytes)
+    # Searched files (all, at 0 rows) have their keys merged per partition, the table's alone.
+    merged = [e for e in held if isinstance(e, MergedKeys)]
+    assert bool(merged) == (bool(written_files.max_bytes) and searched_rows == 0)
+    previous = DeltaTable(b, version=DeltaTable(b).version() - 1).file_uris()  # a file gone in the last batch
+    assert {f for m in merged for f in m.files} <= set(files) | set(previous)  # leaves at its partition's probe
+    # A merged file's keys are held once: not again by its own entry, even once read whole.
+    entries = [file_cache.PROBED.get(f) for m in merged for f in m.files]
+    assert all(e.locator is None and not {"k1", "k2"} & set(e.columns) for e in entries if e is not None)
 
 
 class _Recorded:
