@@ -534,12 +534,13 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
 # A file of fewer rows has its keys hashed with the partition's other small files' in one
 # `pc.index_in` rather than searched (`KeyLocator.find`): a search costs about what hashing
 # this many keys does (0.3 ms, measured), and merge-on-read adds a small file to a partition
-# each batch.
+# each batch. Its keys are held as they are, never sorted.
 _SEARCHED_ROWS = 16_384
 # A partition with this many searched files outside its merged keys has them merged in: a
 # search costs 0.2-0.3 ms whatever the keys' count (measured: 0.20 ms in a file of 33k string
-# keys, 0.26 ms in five such files merged), and sorting a partition's 167k keys again costs
-# 34 ms, about 130 searches.
+# keys, 0.26 ms in five such files merged), and sorting a partition's keys again costs
+# 15-35 ms at 167k string keys, 50-130 searches (a merge of the sorted runs is no faster:
+# searching 33k string keys in 133k costs 12 ms).
 _MERGED_FILES = 4
 
 
@@ -597,8 +598,8 @@ def _hits(stored: Sequence[StoredRows], key_cols: Sequence[str], incoming_keys: 
         else:
             hashed.append(i)
     if hashed:
-        file_keys = [row_keys(stored[i].read(key_cols), key_cols) if stored[i].locator is None
-                     else stored[i].locator.sorted_keys for i in hashed]
+        file_keys = [stored[i].keys(key_cols) if stored[i].locator is None else stored[i].locator.sorted_keys
+                     for i in hashed]
         at = pc.index_in(pa.chunked_array(file_keys, type=incoming_keys.type), value_set=incoming_keys)
         for i, hits in zip(hashed, Hits.of_each(at, [len(k) for k in file_keys])):
             out[i] = hits if stored[i].locator is None else hits.in_file(stored[i].locator.rows)
@@ -658,18 +659,28 @@ class StoredRows:
         """Its keys sorted, when held."""
         return self.held.locator if self.held is not None else None
 
+    def keys(self, key_cols: Sequence[str]) -> pa.Array:
+        """Its rows' keys (`row_keys` of `key_cols`, none a partition column): as its probe entry
+        holds them, when in the table's types (a small file's, hashed every batch)."""
+        held = self.held.columns if self.held is not None else {}
+        columns = [held.get(self._names.get(c, "")) for c in key_cols]
+        if all(c is not None and c.type == self._schema.field(k).type for c, k in zip(columns, key_cols)):
+            return row_keys(pa.Table.from_arrays(columns, names=list(key_cols)), key_cols)
+        return row_keys(self.read(key_cols), key_cols)
+
     def hold(self, key_cols: Sequence[str], ordering: Sequence[str], *, keys_merged: bool = False) -> None:
         """Keep what probing the file again takes in `file_cache.PROBED`, when it was read from
         Parquet: its `ordering` columns (as far as read) and its keys, the second time sorted
-        (`KeyLocator`: a file probed twice is likely probed by every batch), unless they are
-        held with its partition's (`keys_merged`)."""
+        (`KeyLocator`: a file probed twice is likely probed by every batch) when it is searched
+        (`_SEARCHED_ROWS`), unless they are held with its partition's (`keys_merged`)."""
         if not isinstance(self._source, HeldParquet):
             return
         held = self._source.held
         columns = dict(held.columns) if held is not None else {}
         locator = held.locator if held is not None else None
         names = [self._names[c] for c in key_cols]
-        if locator is None and held is not None and not keys_merged and all(n in columns for n in names):
+        if (locator is None and held is not None and self.num_rows >= _SEARCHED_ROWS and not keys_merged
+                and all(n in columns for n in names)):
             locator = KeyLocator.of(row_keys(self.read(key_cols), key_cols))
         keyed = locator is not None or keys_merged
         added = {self._names[c]: self._columns[c] for c in [*key_cols, *ordering]
@@ -945,10 +956,12 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
         file_cache.WRITTEN.put(f"{root}/{path}", stored)
     elif file_cache.PROBED.max_bytes:  # none in Spark's writing tasks: their keys go unsorted
         in_file = (lambda c: c) if mapping is None else mapping.physical.__getitem__
+        searched = rows.num_rows >= _SEARCHED_ROWS
+        held = dict.fromkeys([*probe.ordering, *([] if searched else probe.key_cols)])
         file_cache.PROBED.put(f"{root}/{path}", file_cache.ProbedColumns(
             metadata[0].schema.to_arrow_schema(), metadata[0],
-            {in_file(c): data.column(c) for c in probe.ordering if c in data_schema.names},
-            KeyLocator.of(row_keys(data, probe.key_cols))))
+            {in_file(c): data.column(c) for c in held if c in data_schema.names},
+            KeyLocator.of(row_keys(data, probe.key_cols)) if searched else None))
     stats = stats_json(metadata[0], stored.schema)
     action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
     return WrittenFile(action, metadata[0].schema.to_arrow_schema())
