@@ -90,3 +90,8 @@ def test_vectors_spark_writes_read_as_the_rows_spark_deleted(spark, tmp_path):
     assert any(p.name.endswith(".checkpoint.parquet") for p in (Path(uri) / "_delta_log").iterdir())
     (descriptor,) = LiveDeletionVectors(uri).at(table.version()).values()
     assert sorted(rows[p] for p in dv.read(LOCAL, uri, descriptor)) == [0, 7, 11, 12, 14, 21, 28, 35]
+
+
+@pytest.mark.parametrize("rows", [[], [0], [3, 1, 2**40 + 5, 7]])
+def test_positions_are_the_sets_rows_ascending(rows):
+    assert dv.positions(BitMap64(rows)).tolist() == sorted(rows)
