@@ -76,11 +76,12 @@ def write_file(fs: pafs.FileSystem, root: str, vectors: Sequence[BitMap64]) -> l
     (in order). Its name is new (a random UUID): it is never overwritten, and until a commit
     names it no reader sees it."""
     file_id = uuid.uuid4()
+    encoded = z85_encode(file_id.bytes)
     chunks, descriptors, at = [bytes([FILE_VERSION])], [], 1
     for rows in vectors:
         data = serialize(rows)
         chunks.append(struct.pack(">I", len(data)) + data + struct.pack(">I", zlib.crc32(data) & 0xFFFFFFFF))
-        descriptors.append(Descriptor("u", z85_encode(file_id.bytes), at, len(data), len(rows)))
+        descriptors.append(Descriptor("u", encoded, at, len(data), len(rows)))
         at += len(chunks[-1])
     with fs.open_output_stream(f"{root}/{FILE_PREFIX}{file_id}{FILE_SUFFIX}") as out:
         out.write(b"".join(chunks))

@@ -659,6 +659,16 @@ class StoredRows:
         """Its keys sorted, when held."""
         return self.held.locator if self.held is not None else None
 
+    def values(self, name: str) -> np.ndarray | None:
+        """Column `name` as read (`fetch`), as a numpy view on its buffer, when it is one chunk
+        of the table's fixed-width type without nulls."""
+        column = self._columns.get(name)
+        kind = self._schema.field(name).type
+        if (column is None or column.num_chunks != 1 or column.type != kind or column.null_count
+                or not pa.types.is_primitive(kind) or pa.types.is_boolean(kind)):
+            return None
+        return column.chunk(0).to_numpy()
+
     def keys(self, key_cols: Sequence[str]) -> pa.Array:
         """Its rows' keys (`row_keys` of `key_cols`, none a partition column): as its probe entry
         holds them, when in the table's types (a small file's, hashed every batch)."""
@@ -803,7 +813,7 @@ def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, write
     bounds = np.concatenate([[0], np.cumsum(counts)])
     incoming = rows.take(pa.array(np.concatenate([h.incoming for _, h in found])))
     _fetch_from_parquet([s for s, _ in found], writes.ordering, pool)
-    ordering = pa.concat_tables([s.read(writes.ordering, h.rows) for s, h in found])
+    ordering = _read_at_hits(found, writes.ordering, writes.schema)
     newer = pc.fill_null(_newer([incoming.column(c) for c in writes.ordering],
                                 [ordering.column(c) for c in writes.ordering], writes.incoming_wins_ties), False)
     if not pc.any(newer).as_py():
@@ -851,6 +861,22 @@ def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, write
                               replaced.slice(replaced_bounds[i], replaced_bounds[i + 1] - replaced_bounds[i]), no_ops,
                               h.rows[(is_newer & ~is_updated)[part]]))
     return out
+
+
+def _read_at_hits(found: Sequence[tuple[StoredRows, Hits]], columns: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """Each file's `columns` (of the table's `schema`) at its hit rows, one file after the
+    other: what `StoredRows.read` gives, a fixed-width column without nulls gathered by numpy
+    rather than a take per file (a batch hits hundreds of files, a few rows each)."""
+    for s, _ in found:
+        s.fetch(columns)
+    out = []
+    for c in columns:
+        views = [s.values(c) for s, _ in found]
+        if all(v is not None for v in views):
+            out.append(pa.array(np.concatenate([v[h.rows] for v, (_, h) in zip(views, found)]), schema.field(c).type))
+        else:
+            out.append(pa.chunked_array([s.read([c], h.rows).column(0) for s, h in found], schema.field(c).type))
+    return pa.table(out, schema=pa.schema([schema.field(c) for c in columns]))
 
 
 def _fetch_from_parquet(stored: Sequence[StoredRows], columns: Sequence[str], pool: Executor | None) -> None:

@@ -410,3 +410,22 @@ def test_stored_rows_read_at_given_rows_in_the_tables_types_whatever_the_files()
     assert rows.schema == pa.schema([SCHEMA.field(c) for c in ("k2", "o1", "day", "v")])
     assert rows.to_pylist() == [{"k2": "c", "o1": 9, "day": DAYS[0], "v": None},
                                 {"k2": "a", "o1": 7, "day": DAYS[0], "v": None}]
+
+
+@pytest.mark.parametrize("nulls", [False, True])
+def test_hit_rows_read_together_are_what_each_file_reads(nulls):
+    """Fixed-width columns gathered by numpy; with a null (or a partition column, or a string)
+    each file's rows are read as `StoredRows.read` reads them."""
+    schema = pa.schema([("o1", pa.int64()), ("o2", pa.timestamp("us", tz="UTC")), ("v", pa.string()),
+                        ("day", pa.string())])
+    files = []
+    for i in range(3):
+        o2 = [None if nulls and i == 1 and r == 2 else r * 1_000_000 for r in range(5)]
+        rows = pa.table({"o1": [10 * i + r for r in range(5)], "o2": pa.array(o2, schema[1].type),
+                         "v": [f"v{r}" for r in range(5)]})
+        files.append(rewrite.StoredRows(rows, schema, {"day": DAYS[i]}, None))
+    found = [(s, rewrite.Hits(np.array(rows, np.int64), np.zeros(len(rows), np.int64)))
+             for s, rows in zip(files, ([0, 3], [], [1, 2, 4]))]
+    for columns in (["o1", "o2"], ["o2", "day", "v"]):
+        expected = pa.concat_tables([s.read(columns, h.rows) for s, h in found])
+        assert rewrite._read_at_hits(found, columns, schema).equals(expected)
