@@ -693,7 +693,7 @@ class StoredRows:
                 and all(n in columns for n in names)):
             locator = KeyLocator.of(row_keys(self.read(key_cols), key_cols))
         keyed = locator is not None or keys_merged
-        added = {self._names[c]: self._columns[c] for c in [*key_cols, *ordering]
+        added = {self._names[c]: _one_chunk(self._columns[c]) for c in [*key_cols, *ordering]
                  if c in self._columns and self._names[c] not in columns and not (keyed and c in key_cols)}
         if held is not None and locator is held.locator and not added:
             return
@@ -863,6 +863,12 @@ def file_changes(found: Sequence[tuple[StoredRows, Hits]], rows: pa.Table, write
     return out
 
 
+def _one_chunk(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A column held for later batches, in one chunk: numpy reads it without a copy
+    (`StoredRows.values`)."""
+    return column if column.num_chunks == 1 else pa.chunked_array([column.combine_chunks()], column.type)
+
+
 def _read_at_hits(found: Sequence[tuple[StoredRows, Hits]], columns: Sequence[str], schema: pa.Schema) -> pa.Table:
     """Each file's `columns` (of the table's `schema`) at its hit rows, one file after the
     other: what `StoredRows.read` gives, a fixed-width column without nulls gathered by numpy
@@ -986,7 +992,7 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
         held = dict.fromkeys([*probe.ordering, *([] if searched else probe.key_cols)])
         file_cache.PROBED.put(f"{root}/{path}", file_cache.ProbedColumns(
             metadata[0].schema.to_arrow_schema(), metadata[0],
-            {in_file(c): data.column(c) for c in held if c in data_schema.names},
+            {in_file(c): _one_chunk(data.column(c)) for c in held if c in data_schema.names},
             KeyLocator.of(row_keys(data, probe.key_cols)) if searched else None))
     stats = stats_json(metadata[0], stored.schema)
     action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
