@@ -7,6 +7,7 @@ writes committed by rewriting and by merge-on-read, at two file sizes."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 import statistics
 import tempfile
@@ -131,6 +132,9 @@ def merge_on_read(sizes: list[int], batch_rows: int, batches: int, log=print) ->
                     mode = "merge-on-read" if name == "merge_on_read" else "auto"
                     target = DeltaTarget(str(uri), ["dt"], mode, allow_protocol_upgrade=True)
                     target.open_or_create(sources[0].schema, Contract(("id",), ("dt",), "event_time", "partitioned"))
+                    # The copy, and the rewrite's gigabytes before it, flushed now: their
+                    # writeback would land in these batches' file creations.
+                    os.sync()
                     for b, source in enumerate(sources):
                         figures[name].append(_timed(lambda t=target, src=source, b=b: t.commit(
                             src, ["id"], "event_time", "bench", b, {}, True)))
