@@ -233,7 +233,8 @@ class DeltaTarget:
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
         self._add_columns(added_columns, before)
         if mode in ("append", "rewrite", MERGE_ON_READ):  # an append that generates identity values too
-            unchanged = rewrite.commit(self.table, self.uri, writes, self.stored_files()).unchanged
+            done = rewrite.commit(self.table, self.uri, writes, self.stored_files(), vectors=self._vectors)
+            unchanged = done.unchanged
         else:
             unchanged = merge.commit(self.table, writes, partitions)
         self._record_batch(app_id, batch_id, writes.schema, props)
@@ -274,7 +275,8 @@ class DeltaTarget:
         mode = (MERGE_ON_READ if self.update_mode() == MERGE_ON_READ else "rewrite") if written.removes else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
         self._add_columns(added_columns, before)
-        rewrite.commit_rewrite(self.table, self.uri, written, self.stored_files(), schema, self.partition_by, props)
+        rewrite.commit_rewrite(self.table, self.uri, written, self.stored_files(), schema, self.partition_by, props,
+                               vectors=self._vectors)
         self._record_batch(app_id, batch_id, schema, props)
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed, written.unchanged)
 
@@ -304,7 +306,8 @@ class DeltaTarget:
         mode = "rewrite" if done.rewrite.removes else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
         self._add_columns(added_columns, before)
-        rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props)
+        rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props,
+                               vectors=self._vectors)
         self._record_batch(app_id, batch_id, writes.schema, props)
         return CommitOutcome(mode, self._landed(app_id, batch_id, before), done.rewrite.partitions_rewritten), done
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow.compute as pc
@@ -49,27 +51,36 @@ class LiveDeletionVectors:
             raise DeletionVectorError(f"{self.uri}: commits up to version {version} are not all in the log, "
                                       "and no checkpoint covers them: the files' deletion vectors cannot be read")
 
+    def advance(self, version: int, actions: Sequence[Mapping[str, Any]]) -> None:
+        """Move forward over `version`, a commit this process made of `actions` (as the log
+        spells them), without reading it back; from any other version, `at` reads the log."""
+        if self._version == version - 1:
+            self._take(actions)
+            self._version = version
+
     def _apply(self, first: int, last: int) -> bool:
         """Move forward over commits `first`..`last`; False when one is gone from the log."""
         for version in range(first, last + 1):
             try:
                 with self._fs.open_input_stream(f"{self._root}/_delta_log/{version:020d}.json") as f:
-                    lines = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+                    self._take([json.loads(line) for line in f.read().decode().splitlines() if line.strip()])
             except FileNotFoundError:
                 return False
-            # A commit replacing a file's deletion vector removes (path, old) and adds (path,
-            # new), in any order: removes first.
-            for action in lines:
-                if "remove" in action:
-                    self._live.pop(unquote(action["remove"]["path"]), None)
-            for action in lines:
-                if "add" in action:
-                    add = action["add"]
-                    if add.get("deletionVector"):
-                        self._live[unquote(add["path"])] = Descriptor.from_json(add["deletionVector"])
-                    else:
-                        self._live.pop(unquote(add["path"]), None)
         return True
+
+    def _take(self, actions: Sequence[Mapping[str, Any]]) -> None:
+        """One commit's actions. A commit replacing a file's deletion vector removes (path, old)
+        and adds (path, new), in any order: removes first."""
+        for action in actions:
+            if "remove" in action:
+                self._live.pop(unquote(action["remove"]["path"]), None)
+        for action in actions:
+            if "add" in action:
+                add = action["add"]
+                if add.get("deletionVector"):
+                    self._live[unquote(add["path"])] = Descriptor.from_json(add["deletionVector"])
+                else:
+                    self._live.pop(unquote(add["path"]), None)
 
     def _latest_checkpoint(self, version: int) -> tuple[int | None, list[str]]:
         """The latest complete classic checkpoint at or before `version`, and its files."""

@@ -46,6 +46,7 @@ from sink.lakehouse import deletion_vectors, file_cache, identity, log_commit
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.key_locator import KeyLocator, MergedKeys
+from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.stats import stats_json
 from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
@@ -129,20 +130,23 @@ class Rewrite:
         return len({tuple(sorted(f.partition_values.items())) for f in self.removes})
 
 
-def commit(table: DeltaTable, uri: str, writes: Writes, snapshot: Mapping[str, list[StoredFile]]) -> Rewrite:
+def commit(table: DeltaTable, uri: str, writes: Writes, snapshot: Mapping[str, list[StoredFile]], *,
+           vectors: LiveDeletionVectors | None = None) -> Rewrite:
     """Rewrite and commit on the version `table` has loaded, whose files are `snapshot` (or
     fail: no retries); returns what it committed. Commits nothing when no row changes (the
-    caller records the batch)."""
+    caller records the batch). `vectors`: see `commit_rewrite`."""
     rewrite = rewrite_files(uri, snapshot, writes)
-    commit_rewrite(table, uri, rewrite, snapshot, writes.schema, writes.partition_by, writes.props)
+    commit_rewrite(table, uri, rewrite, snapshot, writes.schema, writes.partition_by, writes.props, vectors=vectors)
     return rewrite
 
 
 def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]],
-                   schema: pa.Schema, partition_by: Sequence[str], props: CommitProperties) -> int:
+                   schema: pa.Schema, partition_by: Sequence[str], props: CommitProperties, *,
+                   vectors: LiveDeletionVectors | None = None) -> int:
     """Check the files written (here or by Spark tasks) against `snapshot` (the files of the
     version `table` has loaded) and commit them with `props` in one transaction; returns the
-    number of files rewritten. Commits nothing when `rewrite` is empty."""
+    number of files rewritten. Commits nothing when `rewrite` is empty. The table's live
+    deletion vectors (`vectors`) move over a commit written here without reading it back."""
     if rewrite.empty:
         return 0
     mapping = ColumnMapping.of(table)
@@ -156,9 +160,12 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
         # New rows alone (an identity table's append) read as the append they are.
         operation, parameters = (("MERGE", {"predicate": "[]", "commitPath": "merge-on-read"}) if rewrite.removes
                                  else ("WRITE", {"mode": "Append"}))
-        log_commit.commit(table, uri, [*raised, *log_actions(rewrite, mapping)], props, operation=operation,
-                          parameters=parameters, metrics=log_metrics(rewrite),
-                          tags={identity.SCHEMA_UPDATE_TAG: "true"} if raised else None)
+        actions = [*raised, *log_actions(rewrite, mapping)]
+        version = log_commit.commit(table, uri, actions, props, operation=operation, parameters=parameters,
+                                    metrics=log_metrics(rewrite),
+                                    tags={identity.SCHEMA_UPDATE_TAG: "true"} if raised else None)
+        if vectors is not None:
+            vectors.advance(version, actions)
         return len(rewrite.removes)
     now = int(time.time() * 1000)
     removes = [RemoveAction(unquote(f.path), True, now, f.size, f.partition_values) for f in rewrite.removes]

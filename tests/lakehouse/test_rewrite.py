@@ -18,6 +18,7 @@ from sink.lakehouse import file_cache, merge, rewrite
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import DeltaTarget
 from sink.lakehouse.key_locator import MergedKeys
+from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 
 SCHEMA = pa.schema([("k1", pa.int64()), ("k2", pa.string()), ("day", pa.string()), ("o1", pa.int64()),
@@ -124,6 +125,10 @@ def test_merge_on_read_gives_the_table_merge_gives(tmp_path, seed, searched_rows
     vectors_read = []
     read = rewrite.deletion_vectors.read
     monkeypatch.setattr(rewrite.deletion_vectors, "read", lambda *args: vectors_read.append(args) or read(*args))
+    commits_read = []
+    apply = LiveDeletionVectors._apply
+    monkeypatch.setattr(LiveDeletionVectors, "_apply", lambda self, first, last: commits_read.extend(
+        range(first, last + 1)) or apply(self, first, last))
     a, b = str(tmp_path / "merge"), str(tmp_path / "marked")
     seeded(a), seeded(b)
     target = DeltaTarget(b, ["day"], "merge-on-read", allow_protocol_upgrade=True)
@@ -136,6 +141,11 @@ def test_merge_on_read_gives_the_table_merge_gives(tmp_path, seed, searched_rows
         assert target.commit(w.rows, ["k1", "k2"], ["o1", "o2"], "w", batch, {}, ties).mode == "merge-on-read"
         assert marked_contents(b) == contents(a), f"after batch {batch}"
     assert pa.table(DeltaTable(b).deletion_vectors()).num_rows > 0
+    # The live vectors moved over the sink's own commits without reading them back, to what
+    # the log says.
+    version = DeltaTable(b).version()
+    assert not set(commits_read) & set(range(version - 4, version + 1))
+    assert target._vectors.at(version) == LiveDeletionVectors(b).at(version)
     # With the caches on, every file the batches wrote is held by its keys, never its rows,
     # and every file marked holds the vector this process wrote it: none is read back.
     held = [entry for entry, _ in file_cache.PROBED._tables.values()]
