@@ -113,15 +113,18 @@ class MergedKeys:
     @classmethod
     def of(cls, runs: Sequence[tuple[str, pa.Array, np.ndarray]]) -> MergedKeys:
         """From each file's location, keys (every row's, in any order) and each key's row."""
-        starts = np.concatenate([[0], np.cumsum([len(k) for _, k, _ in runs])]).astype(np.int64)
-        numbered = np.concatenate([np.zeros(0, np.int64)] + [
-            r.astype(np.int64) + start for (_, _, r), start in zip(runs, starts)])
-        keys = pa.chunked_array([k for _, k, _ in runs], type=runs[0][1].type).combine_chunks()
-        return cls(tuple(f for f, _, _ in runs), starts, KeyLocator.of(keys, numbered))
+        none = KeyLocator(runs[0][1].slice(0, 0), np.zeros(0, np.int64), True)
+        return cls((), np.zeros(1, np.int64), none).adding(runs)
 
-    def runs(self) -> list[tuple[str, pa.Array, np.ndarray]]:
-        """Each file's location, keys and each key's row (`of` takes them back)."""
-        return [(f, *self._kept([i])) for i, f in enumerate(self.files)]
+    def adding(self, runs: Sequence[tuple[str, pa.Array, np.ndarray]]) -> MergedKeys:
+        """With more files (as `of` takes them), their keys sorted together with these."""
+        starts = np.concatenate([self.starts, self.starts[-1] + np.cumsum([len(k) for _, k, _ in runs])])
+        numbered = np.concatenate([self.locator.rows.astype(np.int64)] + [
+            r.astype(np.int64) + start for (_, _, r), start in zip(runs, starts[len(self.files):])])
+        keys = pa.chunked_array([self.locator.sorted_keys, *(k for _, k, _ in runs)],
+                                type=self.locator.sorted_keys.type).combine_chunks()
+        return MergedKeys((*self.files, *(f for f, _, _ in runs)), starts.astype(np.int64),
+                          KeyLocator.of(keys, numbered))
 
     def keeping(self, files: Collection[str]) -> MergedKeys | None:
         """Those of its files among `files` (others left the table), without sorting again;
@@ -130,18 +133,15 @@ class MergedKeys:
         if not kept:
             return None
         starts = np.concatenate([[0], np.cumsum(np.diff(self.starts)[kept])]).astype(np.int64)
-        keys, rows = self._kept(kept, starts[:-1])
-        return MergedKeys(tuple(self.files[i] for i in kept), starts, KeyLocator(keys, rows, self.locator.unique))
-
-    def _kept(self, kept: Sequence[int], starts: Sequence[int] = (0,)) -> tuple[pa.Array, np.ndarray]:
-        """The sorted keys of files `kept`, their rows numbered from their new `starts`."""
         of_file = np.searchsorted(self.starts, self.locator.rows, side="right") - 1
         keep = np.zeros(len(self.files), bool)
-        keep[list(kept)] = True
+        keep[kept] = True
         shift = np.zeros(len(self.files), np.int64)
-        shift[list(kept)] = np.asarray(starts, np.int64) - self.starts[list(kept)]
+        shift[kept] = starts[:-1] - self.starts[kept]
         mine = keep[of_file]
-        return self.locator.sorted_keys.filter(pa.array(mine)), self.locator.rows[mine] + shift[of_file[mine]]
+        locator = KeyLocator(self.locator.sorted_keys.filter(pa.array(mine)),
+                             self.locator.rows[mine] + shift[of_file[mine]], self.locator.unique)
+        return MergedKeys(tuple(self.files[i] for i in kept), starts, locator)
 
     def find(self, incoming: pa.Array) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per file, what `KeyLocator.find` finds in it."""

@@ -42,19 +42,20 @@ def test_counts_its_buffers():
 @pytest.mark.parametrize("seed", range(40))
 def test_merged_keys_find_in_each_file_what_index_in_finds(kind, seed):
     """Files sharing keys (a key's old row in one file, its new one in another), nulls, empty
-    files; and the files taken back out (`runs`) and merged again, or kept without a sort,
-    some left out."""
+    files; merged at once or some added later (`adding`), and some left out (`keeping`)."""
     rng = random.Random(seed)
     value = (lambda v: v) if kind == pa.int64() else (lambda v: f"k{v}")
     files = [pa.array([None if rng.random() < 0.05 else value(v) for v in rng.sample(range(60), rng.randrange(30))],
                       kind) for _ in range(rng.randrange(1, 6))]
     incoming = pa.array([value(rng.randrange(70)) for _ in range(rng.randrange(25))], kind)
-    merged = MergedKeys.of([(f"f{i}", keys, np.arange(len(keys))) for i, keys in enumerate(files)])
+    runs = [(f"f{i}", keys, np.arange(len(keys))) for i, keys in enumerate(files)]
+    merged = MergedKeys.of(runs)
+    split = rng.randrange(1, len(files) + 1)
+    added = MergedKeys.of(runs[:split]).adding(runs[split:])
     kept = [i for i in range(len(files)) if rng.random() < 0.7]
-    runs = merged.runs()
-    again = MergedKeys.of([runs[i] for i in kept]) if kept else None
     assert (merged.keeping({f"f{i}" for i in kept}) is None) == (not kept)
-    for found, names in ((merged, range(len(files))), (again, kept), (merged.keeping({f"f{i}" for i in kept}), kept)):
+    for found, names in ((merged, range(len(files))), (added, range(len(files))),
+                         (merged.keeping({f"f{i}" for i in kept}), kept)):
         if found is None:
             continue
         assert found.files == tuple(f"f{i}" for i in names)
