@@ -52,7 +52,20 @@ class SourceConfig:
     key_schema: str | None = None
     # json-with-schema: each batch's schema widened by the fields its messages' Connect schemas
     # carry, so a column added at the source arrives without a restart (jobs/kafka_source.py).
-    schema_from_messages: bool = False
+    # Default: on with json-with-schema, which it needs.
+    schema_from_messages: bool | None = None
+
+    @property
+    def decodes_per_batch(self) -> bool:
+        """Each batch's values are decoded by the Connect schemas its messages carry (the JSON
+        converter's wrapper names them)."""
+        return self.format == "kafka" and self.value_format == "json-with-schema"
+
+    @property
+    def widens(self) -> bool:
+        """Batches widen `schema` by the fields their messages carry (`schema_from_messages`,
+        on by default where messages carry their schemas)."""
+        return self.decodes_per_batch if self.schema_from_messages is None else self.schema_from_messages
 
     @property
     def name(self) -> str:
@@ -105,7 +118,7 @@ class SourceConfig:
                               f"{list(ENVELOPES)}")
         if not isinstance(self.corrupt_records, bool):
             raise ConfigError(f"source.corrupt_records must be true or false, got {self.corrupt_records!r}")
-        if not isinstance(self.schema_from_messages, bool):
+        if self.schema_from_messages is not None and not isinstance(self.schema_from_messages, bool):
             raise ConfigError(f"source.schema_from_messages must be true or false, got {self.schema_from_messages!r}")
         if self.schema_from_messages and (self.format != "kafka" or self.value_format != "json-with-schema"):
             raise ConfigError("source.schema_from_messages reads the schema Kafka Connect's JSON converter wraps each "

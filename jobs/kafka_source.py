@@ -9,12 +9,14 @@ message's value parsed as JSON into `source.schema`, before the envelope and `se
 - A message that does not parse (not JSON, not wrapped where the wrapper is expected, a value
   of the wrong type) goes to quarantine: the corrupt-record column holds its topic, partition,
   offset and raw text.
-- `schema_from_messages` (with `json-with-schema`): each batch's schema is `source.schema`
-  widened by the fields its messages' Connect schemas carry and it lacks (for a Debezium
-  envelope: the fields of `before` and `after`), so a column added at the source reaches the
-  table with the first batch carrying it, without a restart. Connect's types map to Spark's
-  (`int32` INT, `int64` BIGINT, `float64` DOUBLE, `boolean`, `string`; `bytes`, and what has
-  no Spark equivalent, as STRING); `source.schema`'s own columns keep their declared types.
+- With `json-with-schema`, values are decoded by the Connect schemas their messages carry
+  (`jobs.connect_types`: a `Decimal` as DECIMAL, a `Date` as DATE, ...), batch by batch; a
+  value that does not decode goes to quarantine, its column, Connect type and raw value in
+  the corrupt-record column's first line. `schema_from_messages` (its default there): each
+  batch's schema is `source.schema` widened by the fields the messages carry and it lacks
+  (for a Debezium envelope: the fields of `before` and `after`), so a column added at the
+  source reaches the table with the first batch carrying it, without a restart;
+  `source.schema`'s own columns keep their declared types.
 - `key_schema`: the message key parsed as JSON too (in the same value format); its fields fill
   the record's columns of the same name where the value leaves them null, or add them.
 - Arrival order: Spark reads each topic-partition's offset range in one task, in offset order,
@@ -34,38 +36,28 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import dataclass
 from importlib import metadata
 
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQueryListener
-from pyspark.sql.types import (
-    ArrayType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    ShortType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StringType, StructField, StructType
 
+from jobs import connect_types
 from sink.errors import ConfigError
 from sink.keys import quoted_column
 from sink.lakehouse import spark_delta
 from sink.ops import metrics
-from sink.prepare import sql_string
+from sink.prepare import CANNOT_DECODE, sql_string
 
 log = logging.getLogger(__name__)
 
 VALUE_FORMATS = ("json", "json-with-schema")
 # Spark's Kafka source names topics by one of these (exactly one is set).
 SUBSCRIPTIONS = ("topics", "subscribe_pattern")
-_VALUE, _PAYLOAD, _RECORD, _KEY = "__kafka_value", "__kafka_payload", "__kafka_record", "__kafka_key"
+_VALUE, _PAYLOAD, _RECORD, _KEY, _SCHEMA = ("__kafka_value", "__kafka_payload", "__kafka_record", "__kafka_key",
+                                            "__kafka_schema")
+
 
 
 def package() -> str:
@@ -78,25 +70,6 @@ def fetch_command() -> str:
     """The command that puts the connector and its dependencies where Spark resolves them offline.
     The dependency plugin from 3.x: 2.8 (Maven's default) also fetches test jars, some unserved."""
     return f"mvn -q org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get -Dartifact={package()}"
-
-
-# Kafka Connect's primitive schema types as Spark's; `bytes` is base64 text in JSON.
-CONNECT_TYPES = {"int8": ByteType(), "int16": ShortType(), "int32": IntegerType(), "int64": LongType(),
-                 "float32": FloatType(), "float64": DoubleType(), "boolean": BooleanType(), "string": StringType(),
-                 "bytes": StringType()}
-
-
-def connect_type(schema: dict) -> DataType:
-    """A Kafka Connect schema (the JSON converter's `schema`) as a Spark type: structs, arrays
-    and maps as theirs, primitives by CONNECT_TYPES, anything else as STRING."""
-    kind = schema.get("type")
-    if kind == "struct":
-        return StructType([StructField(f["field"], connect_type(f), True) for f in schema.get("fields", [])])
-    if kind == "array":
-        return ArrayType(connect_type(schema.get("items", {})), True)
-    if kind == "map":
-        return MapType(connect_type(schema.get("keys", {})), connect_type(schema.get("values", {})), True)
-    return CONNECT_TYPES.get(kind, StringType())
 
 
 def widened(base: StructType, found: StructType, within: tuple[str, ...] = ()) -> StructType:
@@ -116,20 +89,70 @@ def widened(base: StructType, found: StructType, within: tuple[str, ...] = ()) -
     return StructType(fields)
 
 
-def message_schema(raw: DataFrame) -> StructType:
-    """The union of the Connect schemas of a batch's messages (Kafka rows, the JSON converter's
-    wrapper): one more pass over the batch, returning only its distinct schemas. A message
-    without one adds nothing (its decoding sends it to quarantine)."""
-    texts = (raw.where("value IS NOT NULL")
-             .selectExpr("get_json_object(CAST(value AS STRING), '$.schema') AS s").distinct().collect())
-    found = StructType([])
+SCHEMA_TEXT = f"get_json_object(CAST(value AS STRING), '$.schema')"
+
+
+def message_schemas(raw: DataFrame) -> list[tuple[str, dict]]:
+    """The distinct Connect schemas of a batch's messages (Kafka rows, the JSON converter's
+    wrapper), structs only, each with its text: one more pass over the batch, returning only
+    its distinct schemas. A message without one adds nothing (its decoding sends it to
+    quarantine)."""
+    texts = raw.where("value IS NOT NULL").selectExpr(f"{SCHEMA_TEXT} AS {_SCHEMA}").distinct().collect()
+    found = []
     for row in texts:
         try:
-            kind = connect_type(json.loads(row.s)) if row.s else None
-        except (ValueError, AttributeError, KeyError, TypeError):
+            schema = json.loads(row[_SCHEMA]) if row[_SCHEMA] else None
+        except ValueError:
             continue
-        if isinstance(kind, StructType):
-            found = widened(found, kind)
+        if isinstance(schema, dict) and schema.get("type") == "struct":
+            found.append((row[_SCHEMA], schema))
+    return sorted(found, key=lambda t: t[0])
+
+
+@dataclass
+class SchemaGroup:
+    """Messages whose Connect schemas decode every field alike: the schemas' texts, and the
+    schemas merged into one."""
+
+    texts: list[str]
+    merged: dict
+
+
+def schema_groups(schemas: list[tuple[str, dict]]) -> list[SchemaGroup]:
+    """`schemas` (text, schema) grouped so that no two of a group decode a field differently
+    (one group, but around a column whose type changed at the source)."""
+    groups: list[SchemaGroup] = []
+    for text, s in schemas:
+        for g in groups:
+            try:
+                g.merged = connect_types.merged([g.merged, s])
+            except connect_types.SchemaConflictError:
+                continue
+            g.texts.append(text)
+            break
+        else:
+            groups.append(SchemaGroup([text], s))
+    return groups
+
+
+def in_group(groups: list[SchemaGroup], i: int) -> str:
+    """SQL true for a message of group `i` of `groups`; the first takes the messages of none
+    (without a schema, or not JSON), which its decoding quarantines."""
+    if i > 0:
+        return f"coalesce({SCHEMA_TEXT} IN ({_listed(groups[i].texts)}), false)"
+    others = [t for g in groups[1:] for t in g.texts]
+    return f"coalesce({SCHEMA_TEXT} NOT IN ({_listed(others)}), true)" if others else "true"
+
+
+def _listed(texts: list[str]) -> str:
+    return ", ".join(sql_string(t) for t in texts)
+
+
+def message_type(groups: list[SchemaGroup]) -> StructType:
+    """The Spark type of the records of `groups`: the first to name a field gives its type."""
+    found = StructType([])
+    for g in groups:
+        found = widened(found, connect_types.connect_type(g.merged))
     return found
 
 
@@ -158,12 +181,19 @@ def check_subscription(topics: list[str], subscribe_pattern: str | None) -> None
 
 
 def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema: str | None,
-            corrupt_column: str | None) -> DataFrame:
+            corrupt_column: str | None, connect: dict | None = None) -> DataFrame:
     """The Kafka source's rows (`key`, `value`, `topic`, `partition`, `offset`, ...) as records
     of `schema`, tombstones left out; `corrupt_column` (None: none) is added and set, for a
-    message that did not parse, to where it came from and its raw text."""
+    message that did not parse, to where it came from and its raw text, and for a value that
+    did not decode, to its column, Connect type and raw value first (CANNOT_DECODE). `connect`:
+    the messages' Connect schema (merged), by which their values are decoded (None: each value
+    read as `schema` says)."""
     fields = [f for f in schema.fields if f.name != corrupt_column]
-    record = StructType([*fields, *([StructField(corrupt_column, StringType())] if corrupt_column else [])])
+    by_name = {f["field"]: f for f in (connect or {}).get("fields", [])}
+    plans = [connect_types.planned(f"{_RECORD}.{quoted_column(f.name)}", f.dataType, by_name.get(f.name), f.name)
+             for f in fields]
+    wire = [StructField(f.name, p.wire, True) for f, p in zip(fields, plans)]
+    record = StructType([*wire, *([StructField(corrupt_column, StringType())] if corrupt_column else [])])
     options = f"map('columnNameOfCorruptRecord', {sql_string(corrupt_column)})" if corrupt_column else "map()"
     stream = raw.where("value IS NOT NULL").selectExpr("*", f"CAST(value AS STRING) AS {_VALUE}")
     stream = stream.selectExpr("*", f"{_payload(_VALUE, value_format)} AS {_PAYLOAD}")
@@ -175,14 +205,20 @@ def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema
     stream = stream.selectExpr("*", *parsed)
     keyed = {f.name for f in StructType.fromDDL(key_schema).fields} if key_schema else set()
     columns = []
-    for f in fields:
+    for f, p in zip(fields, plans):
         q = quoted_column(f.name)
-        columns.append(f"coalesce({_RECORD}.{q}, {_KEY}.{q}) AS {q}" if f.name in keyed else f"{_RECORD}.{q} AS {q}")
+        columns.append(f"coalesce({p.sql}, {_KEY}.{q}) AS {q}" if f.name in keyed else f"{p.sql} AS {q}")
     columns += [f"{_KEY}.{quoted_column(n)} AS {quoted_column(n)}" for n in sorted(keyed - {f.name for f in fields})]
     if corrupt_column:
         failed = f"{_PAYLOAD} IS NULL OR {_RECORD} IS NULL OR {_RECORD}.{quoted_column(corrupt_column)} IS NOT NULL"
-        origin = f"concat('kafka topic ', topic, ' partition ', partition, ' offset ', offset, ': ', {_VALUE})"
-        columns.append(f"CASE WHEN {failed} THEN {origin} END AS {quoted_column(corrupt_column)}")
+        where = "concat('kafka topic ', topic, ' partition ', partition, ' offset ', offset)"
+        whens = [f"WHEN {failed} THEN concat({where}, ': ', {_VALUE})"]
+        for failure in (x for p in plans for x in p.failures):
+            # One line: the reason; the raw value's line breaks would end it early.
+            value = f"translate(left({failure.raw}, 200), '\\n\\r', '  ')"
+            whens.append(f"WHEN {failure.failed} THEN concat({sql_string(f'{CANNOT_DECODE} column {failure.path} (')}, "
+                         f"{sql_string(failure.connect)}, ') value ', {value}, '\\n', {where}, ': ', {_VALUE})")
+        columns.append(f"CASE {' '.join(whens)} END AS {quoted_column(corrupt_column)}")
     return stream.selectExpr(*columns)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import json
 import logging
 import os
 import sys
@@ -17,20 +19,26 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyspark.sql.types import StringType, StructType  # noqa: E402
+from deltalake import DeltaTable  # noqa: E402
+from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
 
 from jobs import kafka_source  # noqa: E402
-from jobs.envelopes import UNAVAILABLE_VALUE, debezium_select, unavailable_guard  # noqa: E402
+from jobs.envelopes import DEBEZIUM_COLUMNS, UNAVAILABLE_VALUE, debezium_select, unavailable_guard  # noqa: E402
 from jobs.job_config import JobConfig, SourceConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from sink import SinkConfig, UpsertSink  # noqa: E402
 from sink.config_sections import ENGINES  # noqa: E402
+from sink.columns import PREFIX  # noqa: E402
+from sink.config import HIDDEN_ORDERING_PREFIX  # noqa: E402
 from sink.errors import ConfigError  # noqa: E402
+from sink.history import HISTORY_COLUMNS  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402
 from sink.prepare import PARSED_FORMATS  # noqa: E402
 from sink.session import session_kind  # noqa: E402
 
 log = logging.getLogger("jobs.upsert_stream")
+# Columns of a table that are the sink's, not the source's.
+RESERVED_PREFIXES = (PREFIX, HIDDEN_ORDERING_PREFIX)
 
 
 def source_schema(cfg: JobConfig, src: SourceConfig | None = None) -> tuple[StructType, dict[str, str]]:
@@ -64,12 +72,15 @@ def selected(stream, select: list[str], corrupt_column: str):
     return out
 
 
-def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None):
+def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None, table_uri: str | None = None):
     """A source as its sink sees it: read, its envelope flattened, selected (`src`: a table's
-    source, default `[source]`)."""
+    source, default `[source]`; a Kafka source's schema has the columns of the table at
+    `table_uri` too)."""
     src = src or cfg.source
     schema, options = source_schema(cfg, src)
     if src.format == "kafka":
+        if table_uri:
+            schema = with_table_columns(schema, src, table_uri)
         return kafka_records(kafka_stream(spark, cfg, src), cfg, src, schema)
     reader = spark.readStream.format(src.format).schema(schema).options(**options)
     if src.max_files_per_trigger:
@@ -82,11 +93,12 @@ def kafka_stream(spark, cfg: JobConfig, src: SourceConfig):
     return spark.readStream.format("kafka").options(**source_schema(cfg, src)[1]).load()
 
 
-def kafka_records(raw, cfg: JobConfig, src: SourceConfig, schema: StructType):
-    """Kafka rows (a stream, or one batch's) as the sink sees them, their values parsed into `schema`."""
+def kafka_records(raw, cfg: JobConfig, src: SourceConfig, schema: StructType, connect: dict | None = None):
+    """Kafka rows (a stream, or one batch's) as the sink sees them, their values parsed into
+    `schema` (decoded by their Connect schema `connect`, merged, when known)."""
     corrupt = cfg.corrupt_record_column if src.corrupt_records else None
     stream = kafka_source.decoded(raw, schema, value_format=src.value_format, key_schema=src.key_schema,
-                                  corrupt_column=corrupt)
+                                  corrupt_column=corrupt, connect=connect)
     return flattened(stream, cfg, src, schema)
 
 
@@ -97,21 +109,49 @@ def flattened(stream, cfg: JobConfig, src: SourceConfig, schema: StructType):
     return selected(stream, src.select, cfg.corrupt_record_column)
 
 
+def with_table_columns(schema: StructType, src: SourceConfig, table_uri: str) -> StructType:
+    """`schema` with the columns the Delta table at `table_uri` has and it lacks, of the
+    table's types (for a Debezium envelope, in `before` and `after`): a column the job added
+    from the messages (or another writer added) is read again after a restart, instead of the
+    sink refusing a stream without it. Not through `source.select`, whose names are the user's."""
+    if src.select or not DeltaTable.is_deltatable(table_uri):
+        return schema
+    stored = StructType.fromJson(json.loads(DeltaTable(table_uri).schema().to_json()))
+    own = set(DEBEZIUM_COLUMNS) if src.envelope == "debezium" else set()
+    row = StructType([f for f in stored.fields if f.name not in own and not f.name.startswith(RESERVED_PREFIXES)
+                      and f.name not in HISTORY_COLUMNS])
+    if src.envelope != "debezium":
+        return kafka_source.widened(schema, row)
+    return kafka_source.widened(schema, StructType([StructField("before", row), StructField("after", row)]),
+                                ("before", "after"))
+
+
 class DecodedPerBatch:
-    """foreachBatch under `schema_from_messages`: each batch's Kafka rows parsed with the
-    source's schema widened by the Connect schemas its messages carry (for a Debezium envelope,
-    within `before` and `after`), then handed to the sink, which adds the new columns."""
+    """foreachBatch of a `json-with-schema` Kafka source: each batch's Kafka rows decoded by the
+    Connect schemas its messages carry, parsed with the source's schema (widened by their
+    fields under `schema_from_messages`: for a Debezium envelope, within `before` and
+    `after`), then handed to the sink, which adds the new columns. A widened schema is kept
+    for later batches, so a column keeps the type it first got."""
 
     def __init__(self, sink: UpsertSink, cfg: JobConfig, src: SourceConfig, schema: StructType):
         self.sink, self.cfg, self.src, self.schema = sink, cfg, src, schema
 
     def __call__(self, raw, batch_id: int) -> None:
-        within = ("before", "after") if self.src.envelope == "debezium" else ()
-        schema = kafka_source.widened(self.schema, kafka_source.message_schema(raw), within)
-        if schema != self.schema:
-            log.info("%s: batch %d's messages widen source.schema to %s", self.sink.writer_id, batch_id,
-                     schema.simpleString())
-        self.sink(kafka_records(raw, self.cfg, self.src, schema), batch_id)
+        groups = kafka_source.schema_groups(kafka_source.message_schemas(raw))
+        if self.src.widens:
+            within = ("before", "after") if self.src.envelope == "debezium" else ()
+            schema = kafka_source.widened(self.schema, kafka_source.message_type(groups), within)
+            if schema != self.schema:
+                log.info("%s: batch %d's messages widen source.schema to %s", self.sink.writer_id, batch_id,
+                         schema.simpleString())
+                self.schema = schema
+        if len(groups) > 1:
+            log.info("%s: batch %d's messages decode a column in %d ways (its type changed at the source): each "
+                     "group is decoded by its own schemas", self.sink.writer_id, batch_id, len(groups))
+        parts = [kafka_records(raw.where(kafka_source.in_group(groups, i)), self.cfg, self.src, self.schema,
+                               g.merged) for i, g in enumerate(groups)] or \
+            [kafka_records(raw, self.cfg, self.src, self.schema)]
+        self.sink(functools.reduce(lambda a, b: a.unionByName(b), parts), batch_id)
 
 
 # Under Spark Connect, how often the job reads its Kafka queries' progress for their lag.
@@ -155,12 +195,12 @@ def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> Sin
 def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None,
                 src: SourceConfig | None = None):
     """One table's query: its own checkpoint (so its own progress and writer id). Under
-    `src.schema_from_messages` it streams the Kafka rows, decoded batch by batch."""
+    `src.decodes_per_batch` it streams the Kafka rows, decoded batch by batch."""
     sink.validate(stream)  # a config naming a missing column fails here, before any batch
     foreach = sink
-    if src is not None and src.schema_from_messages:
-        stream, foreach = kafka_stream(stream.sparkSession, cfg, src), DecodedPerBatch(sink, cfg, src,
-                                                                                        source_schema(cfg, src)[0])
+    if src is not None and src.decodes_per_batch:
+        schema = with_table_columns(source_schema(cfg, src)[0], src, sink.config.table_uri)
+        stream, foreach = kafka_stream(stream.sparkSession, cfg, src), DecodedPerBatch(sink, cfg, src, schema)
     writer = stream.writeStream.foreachBatch(foreach).option("checkpointLocation", sink.config.checkpoint_dir)
     if once:
         writer = writer.trigger(availableNow=True)
@@ -214,7 +254,7 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     for src in cfg.sources:
         if src.path and "://" not in src.path:
             Path(src.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
-    streams = [source_stream(spark, cfg, src) for src in cfg.sources]
+    streams = [source_stream(spark, cfg, src, s.table_uri) for s, src in zip(cfg.sinks, cfg.sources)]
     sinks = [UpsertSink(for_debezium(s, src, stream.columns))
              for s, src, stream in zip(cfg.sinks, cfg.sources, streams)]
     queries = []

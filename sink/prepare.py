@@ -134,6 +134,9 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# How a corrupt-record text starts whose first line says why (a value that did not decode, and
+# its column): that line is the quarantine reason (the ready job's Kafka source writes them).
+CANNOT_DECODE = "cannot decode"
 # The reason of an upsert with a null partition column (a delete is placed by the index).
 NULL_PARTITION = "null partition column"
 
@@ -146,11 +149,12 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType, constraints: Mapping[
     checks them."""
     col = keys.quoted_column
     checks = []
+    corrupt = None
     if cfg.corrupt_record_column in schema.fieldNames():
         # First: PERMISSIVE reading nulls what did not parse, so every later check would mislead.
-        checks.append((f"{col(cfg.corrupt_record_column)} IS NOT NULL",
-                       f"corrupt record: {cfg.corrupt_record_column} holds its raw text (a value that did not parse "
-                       "as its schema type, or a malformed line)"))
+        corrupt = f"{col(cfg.corrupt_record_column)} IS NOT NULL"
+        checks.append((corrupt, f"corrupt record: {cfg.corrupt_record_column} holds its raw text (a value that did "
+                                "not parse as its schema type, or a malformed line)"))
     checks += [(f"{col(c)} IS NULL", f"null key column {c}") for c in cfg.key]
     # The index knows where a key lives: a delete needs no partition (global scope: the
     # keyspace says; partitioned scope: sink.placement looks in every partition). A history
@@ -167,6 +171,11 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType, constraints: Mapping[
     for label, expr in constraints.items():
         checks.append((f"NOT {_delete_sql(cfg)} AND NOT coalesce(({expr}), false)", violation(label, expr)))
     whens = " ".join(f"WHEN {failed} THEN {sql_string(why)}" for failed, why in checks)
+    if corrupt:
+        # A source that says why a value did not decode does so in the text's first line.
+        text = col(cfg.corrupt_record_column)
+        whens = (f"WHEN {corrupt} AND startswith({text}, {sql_string(CANNOT_DECODE)}) THEN "
+                 f"concat('corrupt record: ', substring_index({text}, '\\n', 1)) {whens}")
     return f"CASE {whens} ELSE CAST(NULL AS STRING) END"
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     DoubleType,
     IntegerType,
     LongType,
@@ -12,10 +13,12 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
 )
 
 from jobs.job_config import SourceConfig
-from jobs.kafka_source import connect_type, message_schema, widened
+from jobs.connect_types import connect_type
+from jobs.kafka_source import message_schemas, message_type, schema_groups, widened
 from sink.errors import ConfigError
 
 # Debezium's envelope schema for a PostgreSQL table (id INT, name TEXT, amount NUMERIC as
@@ -36,8 +39,8 @@ ENVELOPE = {"type": "struct", "name": "cdc.public.customers.Envelope", "fields":
     {"type": "int64", "optional": True, "field": "ts_ms"}]}
 ROW_TYPE = StructType([
     StructField("id", IntegerType()), StructField("name", StringType()), StructField("amount", StringType()),
-    StructField("tier", StringType()), StructField("seen", LongType()),
-    StructField("scores", ArrayType(DoubleType())), StructField("tags", MapType(StringType(), StringType()))])
+    StructField("tier", StringType()), StructField("seen", TimestampNTZType()),
+    StructField("scores", ArrayType(DoubleType())), StructField("tags", MapType(StringType(), BinaryType()))])
 
 
 def test_connect_types_become_sparks_and_unknown_ones_strings():
@@ -48,6 +51,7 @@ def test_connect_types_become_sparks_and_unknown_ones_strings():
 def test_widening_adds_the_fields_the_messages_carry_and_keeps_the_declared_types():
     declared = StructType([StructField("op", StringType()),
                            StructField("after", StructType([StructField("id", LongType())]))])
+    assert LongType() != ROW_TYPE["id"].dataType
     out = widened(declared, connect_type(ENVELOPE), ("before", "after"))
     # `id` keeps the declared BIGINT; the envelope's other top-level fields are not added.
     assert out.fieldNames() == ["op", "after"]
@@ -62,7 +66,7 @@ def test_a_batchs_schema_is_the_union_of_its_messages_schemas(spark):
               json.dumps({"schema": ROW, "payload": {"id": 2, "name": "b", "tier": "gold"}}),
               "{not json", None]
     raw = spark.createDataFrame([(None if v is None else bytearray(v.encode()),) for v in values], "value BINARY")
-    assert message_schema(raw) == ROW_TYPE
+    assert message_type(schema_groups(message_schemas(raw))) == ROW_TYPE
 
 
 @pytest.mark.parametrize("options", [{"format": "json", "path": "/tmp/x"},
