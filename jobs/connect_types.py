@@ -18,7 +18,7 @@ in its wire form (`Decoding.wire`) and decoded by Spark SQL (no Python per recor
 | `io.debezium.time.ZonedTime`, `Json`, `Uuid`, `Enum`, `EnumSet`, `Xml`, `Ltree`, `Interval` | `STRING` as sent |
 | `io.debezium.time.MicroDuration` | `BIGINT` microseconds |
 | `bytes`, `io.debezium.data.Bits` | `BINARY` |
-| `int8`..`int64`, `float32`, `float64`, `boolean`, `string` | `TINYINT`..`BIGINT`, `FLOAT`, `DOUBLE`, `BOOLEAN`, `STRING` |
+| `int8`..`int64`, `float32`, `float64`, `boolean`, `string` | `TINYINT`..`BIGINT`, `FLOAT`, `DOUBLE`, ... |
 | `struct`, `array`, `map` | theirs, their parts decoded alike |
 | anything else | `STRING`: the JSON text |
 

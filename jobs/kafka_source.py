@@ -89,7 +89,7 @@ def widened(base: StructType, found: StructType, within: tuple[str, ...] = ()) -
     return StructType(fields)
 
 
-SCHEMA_TEXT = f"get_json_object(CAST(value AS STRING), '$.schema')"
+SCHEMA_TEXT = "get_json_object(CAST(value AS STRING), '$.schema')"
 
 
 def message_schemas(raw: DataFrame) -> list[tuple[str, dict]]:

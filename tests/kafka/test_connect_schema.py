@@ -16,8 +16,8 @@ from pyspark.sql.types import (
     TimestampNTZType,
 )
 
-from jobs.job_config import SourceConfig
 from jobs.connect_types import connect_type
+from jobs.job_config import SourceConfig
 from jobs.kafka_source import message_schemas, message_type, schema_groups, widened
 from sink.errors import ConfigError
 

@@ -80,6 +80,17 @@ def message(payload: dict) -> str:
     return json.dumps({"schema": envelope, "payload": {"before": None, "after": payload, "op": "c"}})
 
 
+def decoded_messages(spark, payloads: list[dict]) -> list:
+    """Debezium creates of `payloads` decoded as the job does a batch, by their id."""
+    raw = spark.createDataFrame([(bytearray(message(p).encode()),) for p in payloads], "value BINARY") \
+        .selectExpr("value", "'t' AS topic", "0 AS partition", "monotonically_increasing_id() AS offset")
+    (group,) = schema_groups(message_schemas(raw))
+    after = message_type([group])["after"].dataType
+    schema = StructType([StructField("op", StringType()), StructField("after", after)])
+    return decoded(raw, schema, value_format="json-with-schema", key_schema=None, corrupt_column="_corrupt",
+                   connect=group.merged).orderBy("after.id").collect()
+
+
 def test_the_natural_types_of_debeziums_logical_types():
     types = {f.name: f.dataType for f in connect_types.connect_type(ROW).fields}
     assert types["amount"] == DecimalType(18, 6) and types["wide"] == DecimalType(38, 10)
@@ -130,12 +141,7 @@ def test_every_logical_type_decodes_to_the_value_python_computes(spark):
                 "%H:%M:%S.%f"), "doc": json.dumps({"k": [i, None]}), "uid": f"00000000-0000-0000-0000-{i:012d}",
             "blob": blob, "span": -micros, "flag": i % 2 == 0, "tags": ["a", None, f"t{i}"],
             "prices": [None if p is None else exact(p, 2) for p in prices]})
-    raw = spark.createDataFrame([(bytearray(message(p).encode()),) for p in payloads], "value BINARY") \
-        .selectExpr("value", "'t' AS topic", "0 AS partition", "monotonically_increasing_id() AS offset")
-    (group,) = schema_groups(message_schemas(raw))
-    schema = StructType([StructField("op", StringType()), StructField("after", message_type([group])["after"].dataType)])
-    rows = decoded(raw, schema, value_format="json-with-schema", key_schema=None, corrupt_column="_corrupt",
-                   connect=group.merged).orderBy("after.id").collect()
+    rows = decoded_messages(spark, payloads)
     assert [r["_corrupt"] for r in rows] == [None] * len(rows)
     got = [r["after"].asDict() for r in rows]
     for g in got:  # VariableScaleDecimal and wide decimals are exact text
@@ -149,12 +155,7 @@ def test_a_value_that_does_not_decode_names_its_column_type_and_value(spark):
     good = {"id": 1, "amount": unscaled_b64(5), "born": 3}
     bad = {"id": 2, "amount": "not base64!", "born": 4}
     too_big = {"id": 3, "amount": unscaled_b64(10**18), "born": 5}  # 19 digits in DECIMAL(18, 6)
-    raw = spark.createDataFrame([(bytearray(message(p).encode()),) for p in (good, bad, too_big)], "value BINARY") \
-        .selectExpr("value", "'t' AS topic", "0 AS partition", "monotonically_increasing_id() AS offset")
-    (group,) = schema_groups(message_schemas(raw))
-    schema = StructType([StructField("op", StringType()), StructField("after", message_type([group])["after"].dataType)])
-    rows = decoded(raw, schema, value_format="json-with-schema", key_schema=None, corrupt_column="_corrupt",
-                   connect=group.merged).orderBy("after.id").collect()
+    rows = decoded_messages(spark, [good, bad, too_big])
     assert rows[0]["_corrupt"] is None and rows[0]["after"]["amount"] == Decimal("0.000005")
     decimal = "bytes org.apache.kafka.connect.data.Decimal(connect.decimal.precision=18, scale=6)"
     assert rows[1]["_corrupt"].split("\n")[0] == f"{CANNOT_DECODE} column after.amount ({decimal}) value not base64!"
