@@ -76,9 +76,15 @@ class SinkConfig:
     `__debezium_unavailable_value`, for a PostgreSQL TOAST column an update left unchanged
     under the default replica identity): in an update, a string column holding it keeps the
     stored value, and the rest of the update is applied. A record holding it for a key the table
-    does not store (new to the table, or deleted earlier in the batch) fails the batch with an
-    UnchangedValueError: the placeholder is never written. Not with `scd_type = 2`. The ready
-    job sets it on Debezium tables. Default: none."""
+    does not store (new to the table, or deleted earlier in the batch) has nothing to keep:
+    `unsent_values` says what becomes of it. The placeholder is never written. Not with
+    `scd_type = 2`. The ready job sets it on Debezium tables. Default: none."""
+    unsent_values: str = "quarantine"
+    """What becomes of a record holding `unchanged_value` for a key the table does not store:
+    `"quarantine"` sets aside the key's records in the batch that hold it, with a reason naming
+    the key and the column, and applies the rest; `"fail"` fails the batch with an
+    UnchangedValueError, nothing written (Spark replays it: the query stops until the input
+    changes)."""
     freshness_column: str | None = None
     """A column holding when the source made each change: epoch milliseconds as a BIGINT
     (Debezium's `ts_ms`) or a TIMESTAMP. Each batch then reports its records' end-to-end

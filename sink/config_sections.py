@@ -21,12 +21,13 @@ Ties = Literal["incoming", "existing"]
 TagOn = Literal["auto", "executors", "driver"]
 SchemaEvolution = Literal["add_columns", "fail"]
 CheckConstraints = Literal["quarantine", "fail"]
+UnsentValues = Literal["quarantine", "fail"]
 CommitMode = Literal["auto", "merge-on-read", "merge"]
 ScdType = Literal[1, 2]
 
 SCOPES, ENGINES, TIES, TAG_ON = get_args(Scope), get_args(Engine), get_args(Ties), get_args(TagOn)
 SCHEMA_EVOLUTION, COMMIT_MODES, SCD_TYPES = get_args(SchemaEvolution), get_args(CommitMode), get_args(ScdType)
-CHECK_CONSTRAINTS = get_args(CheckConstraints)
+CHECK_CONSTRAINTS, UNSENT_VALUES = get_args(CheckConstraints), get_args(UnsentValues)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class StreamSection:
     check_constraints: CheckConstraints
     freshness_column: str | None = None
     unchanged_value: str | None = None
+    unsent_values: UnsentValues = "quarantine"
 
     @property
     def incoming_wins_ties(self) -> bool:
@@ -95,6 +97,7 @@ class StreamSection:
         require_choice("ties", cfg.ties, TIES)
         require_choice("schema_evolution", cfg.schema_evolution, SCHEMA_EVOLUTION)
         require_choice("check_constraints", cfg.check_constraints, CHECK_CONSTRAINTS)
+        require_choice("unsent_values", cfg.unsent_values, UNSENT_VALUES)
         if cfg.delete_when is not None:
             require_str("delete_when", cfg.delete_when)
         if cfg.quarantine_when is not None:
@@ -112,7 +115,8 @@ class StreamSection:
                 raise ConfigError("unchanged_value applies to scd_type = 1: a history table rebuilds its versions "
                                   "from the events, which would keep the placeholder")
         return cls(cfg.delete_when, cfg.quarantine_when, cfg.corrupt_record_column, cfg.ignore_null_updates, cfg.ties,
-                   cfg.schema_evolution, cfg.check_constraints, cfg.freshness_column, cfg.unchanged_value)
+                   cfg.schema_evolution, cfg.check_constraints, cfg.freshness_column, cfg.unchanged_value,
+                   cfg.unsent_values)
 
 
 @dataclass(frozen=True)

@@ -55,11 +55,11 @@ from sink.library_errors import first_line, is_corruption
 from sink.moves import keep_stored_values, placed
 from sink.ordering import helper_columns
 from sink.outcomes import QUARANTINED, record_partitions, summary
-from sink.partial import fold_nulls
+from sink.partial import fold_nulls, unsent_records
 from sink.placement import AMBIGUOUS, place_deletes, unplaced_deletes
 from sink.tagging import DELETE, INSERT, TOMBSTONE, UPDATE, tag, tag_global
 from sink.task_context import TaskContext
-from sink.task_stats import TaskStats
+from sink.task_stats import StepClock, TaskStats
 from sink.writing import HISTORY_EVENT
 
 log = logging.getLogger(__name__)
@@ -237,33 +237,18 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
             _verify(ctx, replica, source, shard, pids, rows.column(C.KEY), held - set(peeked), fraction, stats)
             clock.lap("verify")
         replica.touch(needed, ctx.now)
-        orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.table.ordering))]
-        inputs = (rows.column(C.KEY).combine_chunks(), pids, orderings, rows.column(C.DELETE).combine_chunks(),
-                  arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order))
-        expiry = {"now": int(ctx.now), "expire_before": ctx.expire_before}
-        clock.lap("inputs")
-        if located:
-            answered: list = [[], []]  # the keys looked up and their entries
-
-            def lookup(looked_up: list[bytes]):
-                answered[:] = [looked_up, replica.lookup_packed(GLOBAL, looked_up)]
-                return answered[1]
-
-            result = tag_global(*inputs, clock.timed("lookup", lookup), ctx.stream.incoming_wins_ties, **expiry)
-            if ctx.history:
-                changes, stored = history_locations.widen(result.changes, inputs[0], pids, *answered,
-                                                          len(ctx.table.ordering))
-                result = dataclasses.replace(result, changes=changes, stored_at=stored)
-            clock.lap("classify")
-        else:
-            shield = None
-            if ctx.shield_pid is not None and not replica.keyspaces.is_empty(ctx.shield_pid):
-                shield = (ctx.shield_pid, clock.timed("lookup", lambda ks: replica.peek(ctx.shield_pid, ks)))
-            result = tag(*inputs, clock.timed("lookup", _with_peeked(replica.lookup_packed, peeked, stats)),
-                         ctx.stream.incoming_wins_ties, **expiry, shield=shield)
-            clock.lap("classify")
-            _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
-            clock.lap("cross_check")
+        counted = (dict(replica.lookups), dict(stats.lookups), stats.cross_partition_checked,
+                   stats.cross_partition_keys)
+        inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
+        unsent = _unsent(ctx, rows, inputs, pids, located, result)
+        if unsent is not None:  # set aside, and the rest tagged again: their lookups counted once
+            aside, reasons = unsent
+            bad = rows.filter(pa.array(aside)).drop_columns([C.REASON]).append_column(C.REASON, pa.array(reasons))
+            bad = _passed_through(bad, ctx.output_schema)
+            quarantined = bad if quarantined is None else pa.concat_tables([quarantined, bad])
+            rows, pids = rows.filter(pa.array(~aside)), pids.filter(pa.array(~aside))
+            replica.lookups, stats.lookups, stats.cross_partition_checked, stats.cross_partition_keys = counted
+            inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         clock.lap("stage")
         if source.opened:  # a cold batch anyway: hold now what its lookups asked for, not in the next one
@@ -285,9 +270,7 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
         C.REASON, C.DELETE, C.KEY, C.SHARD, *helper_columns(len(ctx.table.ordering))]
     partial = pa.nulls(rows.num_rows, pa.bool_())
     if ctx.keeps_stored_values:
-        keys_only = (*ctx.table.key, *ctx.table.partition_by, *ctx.table.ordering)
-        values = [n for n in C.stream_columns(rows.column_names) if n not in keys_only]
-        groups = inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
+        values, groups = _fold_inputs(ctx, rows, inputs, pids, located)
         rows, folded = fold_nulls(rows, values, groups, inputs[2], inputs[4], result.op, result.write,
                                   nulls_kept=ctx.ignore_null_updates, unchanged=ctx.stream.unchanged_value,
                                   key_cols=ctx.table.key)
@@ -308,6 +291,59 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
     clock.lap("output")
     stats.tag_seconds += clock.total
     return tagged if quarantined is None else pa.concat_tables([tagged.cast(ctx.output_schema), quarantined])
+
+
+def _classify(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.Array, located: bool, peeked,
+              stats: TaskStats, clock: StepClock):
+    """The shard's records tagged against the replica: the tagging inputs (keys, partition ids,
+    orderings, deletes, arrival) and the result."""
+    orderings = [rows.column(c).combine_chunks() for c in helper_columns(len(ctx.table.ordering))]
+    inputs = (rows.column(C.KEY).combine_chunks(), pids, orderings, rows.column(C.DELETE).combine_chunks(),
+              arrival(rows.column(C.FILE).combine_chunks(), rows.column(C.SEQ).combine_chunks(), ctx.file_order))
+    expiry = {"now": int(ctx.now), "expire_before": ctx.expire_before}
+    clock.lap("inputs")
+    if located:
+        answered: list = [[], []]  # the keys looked up and their entries
+
+        def lookup(looked_up: list[bytes]):
+            answered[:] = [looked_up, replica.lookup_packed(GLOBAL, looked_up)]
+            return answered[1]
+
+        result = tag_global(*inputs, clock.timed("lookup", lookup), ctx.stream.incoming_wins_ties, **expiry)
+        if ctx.history:
+            changes, stored = history_locations.widen(result.changes, inputs[0], pids, *answered,
+                                                      len(ctx.table.ordering))
+            result = dataclasses.replace(result, changes=changes, stored_at=stored)
+        clock.lap("classify")
+    else:
+        shield = None
+        if ctx.shield_pid is not None and not replica.keyspaces.is_empty(ctx.shield_pid):
+            shield = (ctx.shield_pid, clock.timed("lookup", lambda ks: replica.peek(ctx.shield_pid, ks)))
+        result = tag(*inputs, clock.timed("lookup", _with_peeked(replica.lookup_packed, peeked, stats)),
+                     ctx.stream.incoming_wins_ties, **expiry, shield=shield)
+        clock.lap("classify")
+        _check_cross_partition(ctx, replica, inputs[0], pids, result.write, stats)
+        clock.lap("cross_check")
+    return inputs, result
+
+
+def _unsent(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, located: bool, result):
+    """The records to set aside (a mask), and why, where `unchanged_value` has no stored value
+    to stand for (unsent_values = "quarantine"; None: none, or the fold fails the batch)."""
+    if not ctx.keeps_stored_values or ctx.stream.unchanged_value is None or ctx.stream.unsent_values != "quarantine":
+        return None
+    values, groups = _fold_inputs(ctx, rows, inputs, pids, located)
+    return unsent_records(rows, values, groups, inputs[2], inputs[4], result.op, result.write,
+                          nulls_kept=ctx.ignore_null_updates, unchanged=ctx.stream.unchanged_value,
+                          key_cols=ctx.table.key)
+
+
+def _fold_inputs(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, located: bool):
+    """What sink.partial folds: the value columns, and each record's key (with its partition
+    where keys are unique per partition)."""
+    keys_only = (*ctx.table.key, *ctx.table.partition_by, *ctx.table.ordering)
+    values = [n for n in C.stream_columns(rows.column_names) if n not in keys_only]
+    return values, inputs[0] if located else pc.binary_join_element_wise(pids, inputs[0], "\x00")
 
 
 def _changelog_entries(ctx: TaskContext, tagged: pa.Table, pids: pa.Array) -> pa.Table:
@@ -331,37 +367,6 @@ def _changelog_entries(ctx: TaskContext, tagged: pa.Table, pids: pa.Array) -> pa
         "deleted": deleted,
         "deleted_at": pc.if_else(deleted, int(ctx.now), 0),
     })
-
-
-class StepClock:
-    """Seconds of a tagging task's steps (TAG_STEPS), added into `steps`: `lap(step)` gives
-    the time since the last lap to `step`; time inside functions wrapped by `timed(step, fn)`
-    goes to that step instead of the lap it falls in."""
-
-    def __init__(self, steps: dict[str, float]):
-        self.steps = steps
-        self.started = self.last = time.perf_counter()
-        self.inside = 0.0  # of the current lap, spent in timed functions
-
-    def lap(self, step: str) -> None:
-        now = time.perf_counter()
-        self.steps[step] += now - self.last - self.inside
-        self.last, self.inside = now, 0.0
-
-    def timed(self, step: str, fn):
-        def run(*args):
-            started = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                spent = time.perf_counter() - started
-                self.steps[step] += spent
-                self.inside += spent
-        return run
-
-    @property
-    def total(self) -> float:
-        return self.last - self.started
 
 
 def _hold(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: pa.Array, keys_: pa.Array,

@@ -138,16 +138,7 @@ def _mark_unchanged(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array,
                     partial: pa.Array, unchanged: str, key_cols: Sequence[str]) -> pa.Table:
     """The upsert writes' `unchanged` string values as UNCHANGED; UnchangedValueError for a
     write with one and no stored row (an insert, or not partial)."""
-    upsert = pc.fill_null(pc.is_in(write, _UPSERTS), False)
-    resolvable = pc.fill_null(pc.and_(pc.equal(write, UPDATE), partial), False)
-    for c in value_cols:
-        i = rows.schema.get_field_index(c)
-        if not is_text(rows.schema.field(i)):
-            continue
-        marked = pc.fill_null(pc.and_(upsert, pc.equal(rows.column(c), unchanged)), False)
-        if not pc.any(marked).as_py():
-            continue
-        lost = pc.and_(marked, pc.invert(resolvable))
+    for c, i, marked, lost in _unchanged_writes(rows, value_cols, write, partial, unchanged):
         if pc.any(lost).as_py():
             at = pc.index(lost, True).as_py()
             key = {k: rows.column(k)[at].as_py() for k in key_cols} if key_cols else groups[at].as_py()
@@ -155,10 +146,55 @@ def _mark_unchanged(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array,
                 f"column {c!r} of the record for key {key!r} holds unchanged_value {unchanged!r} (the "
                 f"source did not send it), and the table has no stored row to keep it from: the key is new to the "
                 f"table, or was deleted earlier in the batch. Capture the column whole at the source (PostgreSQL: "
-                f"ALTER TABLE ... REPLICA IDENTITY FULL), or set such records aside with quarantine_when; nothing "
-                f"was written")
+                f"ALTER TABLE ... REPLICA IDENTITY FULL), or set unsent_values = 'quarantine'; nothing was written")
         rows = rows.set_column(i, rows.schema.field(i), pc.if_else(marked, UNCHANGED, rows.column(c)))
     return rows
+
+
+def _unchanged_writes(rows: pa.Table, value_cols: Sequence[str], write: pa.Array, partial: pa.Array,
+                      unchanged: str):
+    """Per string value column holding `unchanged` in some upsert write: its name, index, the
+    writes holding it, and those of them without a stored row to keep it from."""
+    upsert = pc.fill_null(pc.is_in(write, _UPSERTS), False)
+    resolvable = pc.fill_null(pc.and_(pc.equal(write, UPDATE), partial), False)
+    for c in value_cols:
+        i = rows.schema.get_field_index(c)
+        if not is_text(rows.schema.field(i)):
+            continue
+        marked = pc.fill_null(pc.and_(upsert, pc.equal(rows.column(c), unchanged)), False)
+        if pc.any(marked).as_py():
+            yield c, i, marked, pc.and_(marked, pc.invert(resolvable))
+
+
+def unsent_records(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, orderings: Sequence[pa.Array],
+                   arrivals: pa.Array, op: pa.Array, write: pa.Array, *, nulls_kept: bool, unchanged: str,
+                   key_cols: Sequence[str]) -> tuple[np.ndarray, list[str]] | None:
+    """The records fold_nulls would fail on, to set aside instead (None: none): of each key
+    whose write keeps `unchanged` with no stored row to take it from, the records holding
+    `unchanged`; and a reason for each, naming the key and the column. The rest, tagged again
+    without them, fold: no record of those keys is left to hold it."""
+    if not has_unchanged(rows.select(list(value_cols)), unchanged):
+        return None
+    applied = np.flatnonzero(pc.is_in(op, _APPLIED).to_numpy(zero_copy_only=False))
+    if len(applied) == 0:
+        return None
+    folded, partial = _fold(rows, value_cols, groups, orderings, arrivals, op, write, applied, nulls_kept, unchanged)
+    lost_groups, columns = set(), {}
+    for c, _, _, lost in _unchanged_writes(folded, value_cols, write, partial, unchanged):
+        for g in groups.filter(lost).to_pylist():
+            lost_groups.add(g)
+            columns.setdefault(g, c)
+    if not lost_groups:
+        return None
+    held = unchanged_rows(rows.select(list(value_cols)), unchanged)
+    aside = pc.and_(held, pc.is_in(groups, pa.array(sorted(lost_groups), groups.type))).to_numpy(zero_copy_only=False)
+    at = np.flatnonzero(aside)
+    named = groups.take(pa.array(at)).to_pylist()
+    keys_ = rows.select(list(key_cols)).take(pa.array(at)).to_pylist() if key_cols else named
+    reasons = [f"unsent value: column {columns[g]!r} holds unchanged_value {unchanged!r} (the source did not send "
+               f"it), and no stored row of key {k!r} is there to keep it from (the key is new to the table, or "
+               f"deleted earlier in the batch)" for g, k in zip(named, keys_)]
+    return aside, reasons
 
 
 def keep_unchanged(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> list[pa.Array]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 
 from sink.index.keyspaces import REPLICA_LOOKUPS
@@ -78,3 +79,34 @@ class TaskStats:
     @classmethod
     def from_json(cls, raw: str) -> TaskStats:
         return cls(**json.loads(raw))
+
+
+class StepClock:
+    """Seconds of a tagging task's steps (TAG_STEPS), added into `steps`: `lap(step)` gives
+    the time since the last lap to `step`; time inside functions wrapped by `timed(step, fn)`
+    goes to that step instead of the lap it falls in."""
+
+    def __init__(self, steps: dict[str, float]):
+        self.steps = steps
+        self.started = self.last = time.perf_counter()
+        self.inside = 0.0  # of the current lap, spent in timed functions
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps[step] += now - self.last - self.inside
+        self.last, self.inside = now, 0.0
+
+    def timed(self, step: str, fn):
+        def run(*args):
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                spent = time.perf_counter() - started
+                self.steps[step] += spent
+                self.inside += spent
+        return run
+
+    @property
+    def total(self) -> float:
+        return self.last - self.started

@@ -5,7 +5,7 @@ import pytest
 
 from sink.errors import UnchangedValueError
 from sink.index.entry import Entry
-from sink.partial import UNCHANGED, fill_from_stored, fold_nulls, keep_unchanged
+from sink.partial import UNCHANGED, fill_from_stored, fold_nulls, keep_unchanged, unsent_records
 from sink.tagging import tag
 
 P = "dt=2025-01-01"
@@ -152,6 +152,52 @@ def test_random_batches_with_unchanged_values_equal_records_applied_one_by_one(n
             continue
         assert merged(records, stored, nulls_kept, MARKER) == expected, (records, stored)
     assert 0 < failed < 400  # both outcomes were drawn
+
+
+def set_aside(records, stored, nulls_kept):
+    """unsent_records of a batch: which records it sets aside, and their reasons."""
+    index = {k: Entry(o).pack() for k, (o, _, _) in stored.items()}
+    keys = pa.array([r[0] for r in records], pa.string())
+    orderings, arrivals = pa.array([r[1] for r in records], pa.int64()), pa.array(range(len(records)), pa.int64())
+    result = tag(keys, pa.array([P] * len(records)), orderings, pa.array([r[2] for r in records]), arrivals,
+                 lambda pid, ks: [index.get(k.decode()) for k in ks])
+    rows = pa.table({"k": keys, "a": pa.array([r[3] for r in records], pa.int64()),
+                     "b": pa.array([r[4] for r in records], pa.string())})
+    return unsent_records(rows, VALUES, keys, [orderings], arrivals, result.op, result.write, nulls_kept=nulls_kept,
+                          unchanged=MARKER, key_cols=["k"])
+
+
+def test_an_unsent_value_without_a_stored_row_is_set_aside_naming_key_and_column():
+    # Key 2 is new; key 1 is stored; key 3 is new, but its later record sends the value.
+    records = [("2", 1, False, 5, MARKER), ("1", 1, False, 6, MARKER), ("3", 1, False, 7, MARKER),
+               ("3", 2, False, 8, "sent")]
+    aside, reasons = set_aside(records, {"1": (0, 1, "x")}, nulls_kept=False)
+    assert aside.tolist() == [True, False, False, False]
+    assert reasons == ["unsent value: column 'b' holds unchanged_value '__debezium_unavailable_value' (the source did "
+                       "not send it), and no stored row of key {'k': '2'} is there to keep it from (the key is new "
+                       "to the table, or deleted earlier in the batch)"]
+    assert set_aside(records[1:], {"1": (0, 1, "x")}, nulls_kept=False) is None
+
+
+@pytest.mark.parametrize("nulls_kept", [True, False])
+def test_random_batches_without_their_unsent_records_equal_the_rest_applied_one_by_one(nulls_kept):
+    """What is set aside holds the placeholder; the rest folds, as the oracle applies it."""
+    rng = random.Random(12)
+    aside_drawn = 0
+    for _ in range(400):
+        stored = {str(k): (rng.randrange(5), rng.choice([None, 1]), rng.choice([None, "s"]))
+                  for k in range(4) if rng.random() < 0.6}
+        records = [(str(rng.randrange(4)), rng.randrange(8), rng.random() < 0.2,
+                    rng.choice([None, rng.randrange(100)]), rng.choice([None, MARKER, f"r{rng.randrange(9)}"]))
+                   for _ in range(rng.randrange(1, 12))]
+        found = set_aside(records, stored, nulls_kept)
+        if found is None:
+            continue
+        aside_drawn += 1
+        assert all(r[4] == MARKER for r, a in zip(records, found[0]) if a)
+        rest = [r for r, a in zip(records, found[0]) if not a]
+        assert merged(rest, stored, nulls_kept, MARKER) == applied_one_by_one(rest, stored, nulls_kept, MARKER)
+    assert aside_drawn > 20
 
 
 def test_keep_unchanged_takes_string_columns_from_the_stored_rows():
