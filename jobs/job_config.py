@@ -10,6 +10,7 @@ from typing import Any
 
 from jobs import kafka_source
 from jobs.envelopes import ENVELOPES
+from jobs.supervisor import Backoff
 from sink.config import SINK_SOURCE, SinkConfig, read_toml, sink_tables, without_source
 from sink.errors import ConfigError
 from sink.prepare import PARSED_FORMATS
@@ -156,11 +157,28 @@ class JobSettings:
     # Spark's own log level once the session runs (spark-submit defaults to INFO: hundreds
     # of lines around the sink's one line per batch).
     spark_log_level: str = "WARN"
+    # A table whose query fails is started again (the other tables going on) after a wait of
+    # restart_backoff_seconds, doubling up to restart_backoff_max_seconds; after max_restarts
+    # failures in a row it stays stopped, and the job ends with an error once the others end.
+    restart_backoff_seconds: float = 10
+    restart_backoff_max_seconds: float = 300
+    max_restarts: int = 5
 
     def __post_init__(self) -> None:
         if self.spark_log_level not in SPARK_LOG_LEVELS:
             raise ConfigError(f"job.spark_log_level = {self.spark_log_level!r} is not accepted; accepted values: "
                               f"{list(SPARK_LOG_LEVELS)}")
+        for name in ("restart_backoff_seconds", "restart_backoff_max_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"job.{name} must be a number of seconds >= 0, got {value!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"job.max_restarts must be an integer >= 0 (0: a failed table stays stopped), got "
+                              f"{self.max_restarts!r}")
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.restart_backoff_seconds, self.restart_backoff_max_seconds, self.max_restarts)
 
 
 @dataclass

@@ -265,7 +265,7 @@ class ProgressPoll:
 
     def __call__(self, queries) -> None:
         for writer_id, query in zip(self._writers, queries):
-            progress = query.lastProgress
+            progress = query.lastProgress if query is not None else None
             if progress is not None and self._published.get(writer_id) != progress.batchId:
                 self._published[writer_id] = progress.batchId
                 publish_lag(writer_id, progress)

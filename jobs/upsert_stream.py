@@ -26,6 +26,7 @@ from jobs import kafka_source  # noqa: E402
 from jobs.envelopes import DEBEZIUM_COLUMNS, UNAVAILABLE_VALUE, debezium_select, unavailable_guard  # noqa: E402
 from jobs.job_config import JobConfig, SourceConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
+from jobs.supervisor import Table, supervise  # noqa: E402
 from sink import SinkConfig, UpsertSink  # noqa: E402
 from sink.columns import PREFIX  # noqa: E402
 from sink.config import HIDDEN_ORDERING_PREFIX  # noqa: E402
@@ -154,18 +155,8 @@ class DecodedPerBatch:
         self.sink(functools.reduce(lambda a, b: a.unionByName(b), parts), batch_id)
 
 
-# Under Spark Connect, how often the job reads its Kafka queries' progress for their lag.
+# How often the job looks at its queries (under Spark Connect, for their Kafka lag).
 POLL_SECONDS = 5
-
-
-def wait(terminated, polled: kafka_source.ProgressPoll | None, queries: list) -> None:
-    """`terminated()` (a query's awaitTermination, or the session's awaitAnyTermination), with
-    `polled(queries)` every POLL_SECONDS meanwhile when given."""
-    if polled is None:
-        terminated()
-        return
-    while not terminated(POLL_SECONDS):
-        polled(queries)
 
 
 def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> SinkConfig:
@@ -209,6 +200,13 @@ def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_se
     return writer.queryName(query_name(cfg, sink.config)).start()
 
 
+def _started(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None,
+             src: SourceConfig):
+    query = start_query(stream, cfg, sink, once, trigger_seconds, src)
+    log.info("query %s started: %s -> %s (writer_id %s)", query.id, src.name, sink.config.table_uri, sink.writer_id)
+    return query
+
+
 def query_name(cfg: JobConfig, sink: SinkConfig) -> str:
     return cfg.job.app_name if len(cfg.sinks) == 1 else f"{cfg.job.app_name}:{sink.table_uri}"
 
@@ -217,7 +215,9 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         metrics_port: int | None = None, stop: bool = False, *, remote: str | None = None,
         engine: str | None = None) -> list[UpsertSink]:
     """Every `[[sink]]` table's query on one Spark session, until they end (`once`: each
-    processes what is there) or one fails (the others are stopped, the error raised).
+    processes what is there); a query that fails is started again after a backoff while the
+    others go on (jobs.supervisor), and a table that keeps failing raises TablesFailedError
+    once the others have ended.
     `metrics_port`: instead of the config's; `stop`: stop Spark once the sinks have released
     their replicas (left to the process's exit, the executors were killed: hundreds of lines
     of executor loss on a standalone cluster, and their replicas left dirty). `remote`: run
@@ -257,7 +257,6 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     streams = [source_stream(spark, cfg, src, s.table_uri) for s, src in zip(cfg.sinks, cfg.sources)]
     sinks = [UpsertSink(for_debezium(s, src, stream.columns))
              for s, src, stream in zip(cfg.sinks, cfg.sources, streams)]
-    queries = []
     kafka = any(src.format == "kafka" for src in cfg.sources)
     # The Kafka lag: a listener in a classic session; under Spark Connect a listener would run
     # on the server, away from these metrics, so the wait below polls the queries' progress.
@@ -267,26 +266,21 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         spark.streams.addListener(lag)
     progress = kafka_source.ProgressPoll([s.writer_id for s in sinks]) if kafka else None
     polled = progress if remote else None
+    tables = [Table(sink.config.table_uri, sink.writer_id,
+                    functools.partial(_started, stream, cfg, sink, once, trigger_seconds, src))
+              for sink, src, stream in zip(sinks, cfg.sources, streams)]
+    # A query this session ran before (an earlier run in the process) would end the wait at once.
+    spark.streams.resetTerminated()
     try:
-        for sink, src, stream in zip(sinks, cfg.sources, streams):
-            queries.append(start_query(stream, cfg, sink, once, trigger_seconds, src))
-            log.info("query %s started: %s -> %s (writer_id %s)", queries[-1].id, src.name,
-                     sink.config.table_uri, sink.writer_id)
-        if once:
-            for query in queries:
-                wait(query.awaitTermination, polled, queries)
-        else:
-            # A query this session ran before (an earlier run in the process) would end the wait at once.
-            spark.streams.resetTerminated()
-            wait(spark.streams.awaitAnyTermination, polled, queries)  # raises the failed query's error
+        supervise(spark.streams, tables, cfg.job.backoff, poll_seconds=POLL_SECONDS, polled=polled)
     finally:
-        for query in queries:
-            if query.isActive:
-                query.stop()
+        for table in tables:
+            if table.query is not None and table.query.isActive:
+                table.query.stop()
         if lag:
             spark.streams.removeListener(lag)
         if progress:  # the last batch's, which the listener or the poll may not have had yet
-            progress(queries)
+            progress([t.query for t in tables])
         for sink in sinks:
             sink.close()
         if stop:

@@ -1,16 +1,22 @@
-"""The configuration reference: SinkConfig's fields with their docstrings and defaults, as the
-docs site renders it (docs/hooks.py), so the page cannot drift from the code."""
+"""The configuration reference: SinkConfig's fields with their docstrings and defaults, written
+into docs/configuration.md between its markers (`python -m sink.config_docs` writes it; a test
+fails when the page and the code differ), so the page cannot drift from the code."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from sink.config import SinkConfig
 
 DEFAULT_PREFIX = "Default: "
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+BEGIN, END = "<!-- sink-config-reference -->", "<!-- /sink-config-reference -->"
 
 
 @dataclass(frozen=True)
@@ -64,3 +70,21 @@ def reference_table(cls: type = SinkConfig) -> str:
     rows = ["| key | meaning | default |", "|---|---|---|"]
     rows += [f"| `{d.name}` | {d.doc} | {d.default} |" for d in field_docs(cls)]
     return "\n".join(rows)
+
+
+def written(page: str) -> str:
+    """`page` with the reference table between its BEGIN and END markers (as of the code now)."""
+    if BEGIN not in page or END not in page:
+        raise ValueError(f"the page has no {BEGIN} ... {END} block for the reference")
+    return re.sub(f"{re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: f"{BEGIN}\n{reference_table()}\n{END}", page,
+                  count=1, flags=re.S)
+
+
+def main() -> None:
+    """Write the reference into docs/configuration.md (or the page named)."""
+    page = Path(sys.argv[1]) if len(sys.argv) > 1 else PAGE
+    page.write_text(written(page.read_text()))
+
+
+if __name__ == "__main__":
+    main()

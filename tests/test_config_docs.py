@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from sink.config import SinkConfig
-from sink.config_docs import field_docs, reference_table
+from sink.config_docs import PAGE, field_docs, reference_table, written
 
 
 def test_every_sink_config_field_is_documented_in_order():
@@ -44,3 +44,11 @@ def test_the_table_has_a_row_per_field():
     rows = reference_table().splitlines()
     assert len(rows) == 2 + len(dataclasses.fields(SinkConfig))
     assert rows[2].startswith("| `table_uri` | Delta table (path or URI)")
+
+
+def test_the_configuration_page_holds_the_reference_as_the_code_gives_it():
+    """docs/configuration.md itself, not only the site, holds the table: regenerate it with
+    `python -m sink.config_docs` after changing a field."""
+    page = PAGE.read_text()
+    assert reference_table() in page
+    assert written(page) == page

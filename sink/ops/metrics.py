@@ -99,6 +99,10 @@ KAFKA_LAG = Gauge(
     "upsert_sink_kafka_lag", "Kafka sources of the ready job: offsets behind the newest, per topic-partition, after "
     "the latest batch", [*_LABEL, "topic", "partition"],
 )
+QUERY_FAILURES = Counter(
+    "upsert_sink_query_failures_total", "The ready job: failures of a table's query (each restarted after a backoff, "
+    "the other tables going on)", _LABEL,
+)
 TABLE_VERSION = Gauge("upsert_sink_table_version", "Delta version of the latest commit", _LABEL)
 COMMITS = Counter("upsert_sink_commits", "Delta commits by mode", [*_LABEL, "mode"])
 COMMIT_RETRIES = Counter("upsert_sink_commit_retries", "Commits retried after a conflict", _LABEL)

@@ -154,15 +154,18 @@ class Postgres:
 class Debezium:
     """Debezium's PostgreSQL connector (pgoutput) in a Kafka Connect standalone worker, writing
     change events of `tables` to topics `<prefix>.<schema>.<table>` with the JSON converter
-    (its schema wrapper on: `value.converter.schemas.enable`)."""
+    (its schema wrapper on: `value.converter.schemas.enable`), at Debezium's defaults: one
+    connector per prefix of `captures`, each with the options given for it (none by default),
+    its own replication slot and publication."""
 
     directory: Path
     process: subprocess.Popen
     port: int
+    slots: list[str]
 
     @classmethod
     def start(cls, directory: Path, broker: KafkaBroker, postgres: Postgres, *, tables: list[str],
-              prefix: str = "cdc") -> Debezium:
+              captures: dict[str, dict[str, str]] | None = None) -> Debezium:
         directory.mkdir(parents=True, exist_ok=True)
         port = free_port()
         (directory / "worker.properties").write_text("\n".join([
@@ -172,25 +175,32 @@ class Debezium:
             f"offset.storage.file.filename={directory / 'offsets'}", "offset.flush.interval.ms=1000",
             f"listeners=http://127.0.0.1:{port}", "",
         ]))
-        (directory / "connector.properties").write_text("\n".join([
-            "name=pg", "connector.class=io.debezium.connector.postgresql.PostgresConnector",
-            "database.hostname=127.0.0.1", f"database.port={postgres.port}", "database.user=postgres",
-            "database.password=postgres", "database.dbname=postgres", f"topic.prefix={prefix}",
-            "plugin.name=pgoutput", f"table.include.list={','.join(tables)}", f"slot.name={SLOT}",
-            "publication.autocreate.mode=filtered", "decimal.handling.mode=string", "",
-        ]))
+        captures = captures or {"cdc": {}}
+        slots, files = [], []
+        for prefix, options in captures.items():
+            slot = f"{SLOT}_{prefix}"
+            slots.append(slot)
+            files.append(directory / f"connector-{prefix}.properties")
+            files[-1].write_text("\n".join([
+                f"name=pg-{prefix}", "connector.class=io.debezium.connector.postgresql.PostgresConnector",
+                "database.hostname=127.0.0.1", f"database.port={postgres.port}", "database.user=postgres",
+                "database.password=postgres", "database.dbname=postgres", f"topic.prefix={prefix}",
+                "plugin.name=pgoutput", f"table.include.list={','.join(tables)}", f"slot.name={slot}",
+                f"publication.name=pub_{prefix}", "publication.autocreate.mode=filtered",
+                *(f"{k}={v}" for k, v in options.items()), "",
+            ]))
         log = directory / "connect.log"
         with open(log, "a") as out:
             process = subprocess.Popen(
                 java("connect", "org.apache.kafka.connect.cli.ConnectStandalone", str(directory / "worker.properties"),
-                     str(directory / "connector.properties")), stdout=out, stderr=subprocess.STDOUT)
+                     *map(str, files)), stdout=out, stderr=subprocess.STDOUT)
         wait_for_port(port, process, timeout_s=180)
-        debezium = cls(directory, process, port)
+        debezium = cls(directory, process, port, slots)
         debezium.wait_streaming(postgres, timeout_s=180)
         return debezium
 
     def wait_streaming(self, postgres: Postgres, timeout_s: float) -> None:
-        """Until the connector streams changes (its snapshot done): its replication slot has an
+        """Until every connector streams changes (its snapshot done): its replication slot has an
         active connection. Before, the worker listens but a change could still fall into the
         snapshot."""
         import psycopg
@@ -199,11 +209,12 @@ class Debezium:
         with psycopg.connect(postgres.dsn, autocommit=True) as conn:
             while time.monotonic() < deadline:
                 assert self.process.poll() is None, f"the Connect worker exited; log {self.directory / 'connect.log'}"
-                if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
-                                (SLOT,)).fetchone():
+                active = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY(%s) AND active",
+                                      (self.slots,)).fetchone()[0]
+                if active == len(self.slots):
                     return
                 time.sleep(0.2)
-        raise TimeoutError(f"Debezium's slot {SLOT} was not streaming within {timeout_s} s; log "
+        raise TimeoutError(f"Debezium's slots {self.slots} were not streaming within {timeout_s} s; log "
                            f"{self.directory / 'connect.log'}")
 
     def stop(self) -> None:

@@ -1,0 +1,106 @@
+"""The job's tables run side by side: a query that fails is logged with its table, counted
+(`upsert_sink_query_failures_total`) and started again after a backoff that doubles up to a
+bound, while the other tables' queries go on. A table whose query failed `max_restarts` times
+in a row (a run that committed a batch starts the count again) stays stopped; the job ends
+with `TablesFailedError` naming it once the others have ended."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sink.errors import SinkError
+from sink.ops import metrics
+
+log = logging.getLogger(__name__)
+
+
+class TablesFailedError(SinkError):
+    """One or more of the job's tables stopped for good: their queries failed every restart."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a failed query waits before it starts again: `first` seconds, doubling, at most
+    `longest`; `max_restarts` failures in a row end its table."""
+
+    first: float
+    longest: float
+    max_restarts: int
+
+    def wait(self, failures: int) -> float:
+        return min(self.first * 2 ** (failures - 1), self.longest)
+
+
+@dataclass
+class Table:
+    """One [[sink]] table's query: `start()` starts (or restarts) it."""
+
+    name: str
+    writer_id: str
+    start: Callable[[], object]
+    query: object = None
+    failures: int = 0
+    restart_at: float | None = None
+    error: str | None = None
+    batches_seen: int = field(default=-1)
+
+    def ran_a_batch(self) -> bool:
+        progress = self.query.lastProgress if self.query is not None else None
+        return progress is not None and progress.batchId > self.batches_seen
+
+
+def supervise(streams, tables: list[Table], backoff: Backoff, *, poll_seconds: float,
+              polled: Callable[[list], None] | None = None) -> None:
+    """Start `tables`' queries and keep them running until each has ended (or failed for good);
+    `streams`: the session's StreamingQueryManager. `polled(queries)`: called at least every
+    `poll_seconds` while they run. TablesFailedError when a table failed for good."""
+    for table in tables:
+        table.query = table.start()
+    while True:
+        now = time.monotonic()
+        for table in tables:
+            if table.restart_at is not None and table.restart_at <= now:
+                log.info("%s: restarting its query (failure %d in a row)", table.name, table.failures)
+                table.restart_at, table.query = None, table.start()
+        running = [t for t in tables if t.query is not None and t.query.isActive]
+        waiting = [t.restart_at for t in tables if t.restart_at is not None]
+        if not running and not waiting:
+            break
+        timeout = max(0.01, min([poll_seconds, *(at - now for at in waiting)]))  # Spark takes > 0 only
+        try:
+            streams.awaitAnyTermination(timeout)
+        except Exception:  # noqa: BLE001 - a query failed: which one, and why, comes from the query itself
+            pass
+        streams.resetTerminated()
+        for table in running:
+            if not table.query.isActive:
+                _ended(table, backoff)
+        if polled is not None:
+            polled([t.query for t in tables])
+    failed = [t for t in tables if t.error is not None]
+    if failed:
+        raise TablesFailedError("; ".join(f"{t.name} stopped after {t.failures} failures in a row: {t.error}"
+                                          for t in failed))
+
+
+def _ended(table: Table, backoff: Backoff) -> None:
+    error = table.query.exception()
+    if error is None:
+        table.query = None
+        return
+    table.failures = 1 if table.ran_a_batch() else table.failures + 1
+    progress = table.query.lastProgress
+    table.batches_seen = progress.batchId if progress is not None else table.batches_seen
+    metrics.QUERY_FAILURES.labels(table.writer_id).inc()
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if table.failures > backoff.max_restarts:
+        log.error("%s: its query failed %d times in a row; the table stays stopped (the other tables go on): %s",
+                  table.name, table.failures, text)
+        table.query, table.error = None, text
+        return
+    wait = backoff.wait(table.failures)
+    log.error("%s: its query failed (the other tables go on); restarting it in %.0f s: %s", table.name, wait, text)
+    table.query, table.restart_at = None, time.monotonic() + wait
