@@ -7,6 +7,7 @@ with `TablesFailedError` naming it once the others have ended."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from sink.errors import SinkError
 from sink.ops import metrics
 
 log = logging.getLogger(__name__)
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 class TablesFailedError(SinkError):
@@ -86,6 +88,15 @@ def supervise(streams, tables: list[Table], backoff: Backoff, *, poll_seconds: f
                                           for t in failed))
 
 
+def summary(error: BaseException) -> str:
+    """The line of a query's error that says what failed: a foreachBatch function's error comes
+    wrapped in Spark's ("An exception was raised by the Python Proxy", its traceback after),
+    whose last `<module>.<Name>Error: ...` line is the sink's own."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.match(line)]
+    return raised[-1] if raised else lines[0] if lines else type(error).__name__
+
+
 def _ended(table: Table, backoff: Backoff) -> None:
     error = table.query.exception()
     if error is None:
@@ -95,7 +106,7 @@ def _ended(table: Table, backoff: Backoff) -> None:
     progress = table.query.lastProgress
     table.batches_seen = progress.batchId if progress is not None else table.batches_seen
     metrics.QUERY_FAILURES.labels(table.writer_id).inc()
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = summary(error)
     if table.failures > backoff.max_restarts:
         log.error("%s: its query failed %d times in a row; the table stays stopped (the other tables go on): %s",
                   table.name, table.failures, text)

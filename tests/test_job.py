@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 import jobs.upsert_stream
 from jobs.job_config import SOURCE_FORMATS, load_job_config
@@ -111,20 +111,21 @@ def test_one_job_feeds_several_tables_from_one_source_each_with_its_own_checkpoi
 
 
 def test_a_table_whose_query_keeps_failing_is_restarted_with_backoff_and_the_others_go_on(spark, tmp_path):
-    """The "broken" table holds `v` as a number, the stream a string: each batch of its query
-    fails. It is restarted max_restarts times, counted each time; the other table streams
-    every file; the job then ends with an error naming the broken table."""
+    """The "broken" table fails a batch on a value its source did not send, for a key it does
+    not hold (unsent_values = "fail"): its query fails at every restart. It is restarted
+    max_restarts times, counted each time, while the other table streams every file; the job
+    then ends with an error naming the broken table."""
     from prometheus_client import REGISTRY
 
     from jobs.supervisor import TablesFailedError
 
     conf = tmp_path / "sink.toml"
-    conf.write_text(_sink_table("good") + _sink_table("broken") + "[source]" + CONFIG.split("[source]")[1]
+    broken = 'unchanged_value = "__unsent__"\nunsent_values = "fail"\n'
+    conf.write_text(_sink_table("good") + _sink_table("broken", broken) + "[source]" + CONFIG.split("[source]")[1]
                     + "[job]\nrestart_backoff_seconds = 0.1\nrestart_backoff_max_seconds = 0.2\nmax_restarts = 2\n")
-    write_deltalake(str(tmp_path / "data" / "broken"), pa.table({"id": ["x"], "dt": ["d"], "ts": [1], "op": ["c"],
-                                                                 "v": pa.array([1], pa.int64())}))
     landing = tmp_path / "data" / "landing"
     batches = random_batches(9, batches=3, per_batch=100)
+    batches[0].append(Event("new-key", "2025-01-01", 5, "u", "__unsent__"))
     for i, events in enumerate(batches):
         drop_file(landing, f"f{i}.json", events)
     sinks = []
@@ -136,13 +137,14 @@ def test_a_table_whose_query_keeps_failing_is_restarted_with_backoff_and_the_oth
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(jobs.upsert_stream, "UpsertSink", kept)
-        with pytest.raises(TablesFailedError, match=r"broken stopped after 3 failures in a row: .*SchemaError.*'v'"):
+        with pytest.raises(TablesFailedError, match=r"data/broken stopped after 3 failures in a row: .*"
+                                                     r"UnchangedValueError.*'new-key'"):
             run(str(conf), once=True)
     good, broken = sinks
     assert table_rows(str(tmp_path / "data" / "good")) == expected_rows(batches)
     assert REGISTRY.get_sample_value("upsert_sink_query_failures_total", {"sink": broken.writer_id}) == 3
     assert REGISTRY.get_sample_value("upsert_sink_query_failures_total", {"sink": good.writer_id}) is None
-    assert DeltaTable(str(tmp_path / "data" / "broken")).version() == 0  # nothing written over it
+    assert DeltaTable(str(tmp_path / "data" / "broken")).to_pyarrow_table().num_rows == 0  # its batch never committed
 
 
 def test_several_tables_need_their_own_checkpoint(tmp_path):

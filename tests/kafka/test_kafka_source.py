@@ -188,6 +188,9 @@ def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newe
     messages.append(("o1", debezium_event("u", {**rows[1], "v": UNAVAILABLE_VALUE}, 400)))
     # A primary key change's create under the default replica identity: no stored value to keep.
     messages.append(("o99", debezium_event("c", {"id": "o99", "dt": "2025-01-01", "v": UNAVAILABLE_VALUE}, 401)))
+    # An update holding it for a key the table never held (its create came before the offsets
+    # read): set aside, the rest of the batch applied.
+    messages.append(("o77", debezium_event("u", {"id": "o77", "dt": "2025-01-02", "v": UNAVAILABLE_VALUE}, 402)))
     produce(kafka_broker, topic, messages)
     conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "lsn"\npartition_by = ["dt"]',
                       source='schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, '
@@ -210,10 +213,13 @@ def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newe
     expected = [{"id": r["id"], "dt": r["dt"], "v": f"new{i}" if i % 2 == 0 else r["v"],
                  "lsn": 200 + i if i % 2 == 0 else 400 if i == 1 else 150} for i, r in rows.items() if i not in (3, 7)]
     assert table_rows(uri, ["id", "dt", "v", "lsn"]) == sorted(expected, key=lambda r: (r["dt"], r["id"]))
-    (unavailable, unwrapped) = sorted(quarantined(uri), key=lambda cr: cr[0])
+    (unavailable, unsent, unwrapped) = sorted(quarantined(uri), key=lambda cr: (cr[0], cr[1]))
     assert unwrapped[0].startswith(f"kafka topic {topic} partition ") and unwrapped[1].startswith("corrupt record")
     assert unavailable == ("", "quarantine_when: op IN ('c', 'r') AND (" + " OR ".join(
         f"`{c}` = '{UNAVAILABLE_VALUE}'" for c in ("id", "dt", "v")) + ")")
+    assert unsent == ("", f"unsent value: column 'v' holds unchanged_value '{UNAVAILABLE_VALUE}' (the source did "
+                          "not send it), and no stored row of key {'id': 'o77'} is there to keep it from (the key is "
+                          "new to the table, or deleted earlier in the batch)")
 
 
 def test_a_topic_deleted_under_the_job_fails_it_clearly_and_leaves_the_table_as_it_was(
