@@ -225,9 +225,11 @@ def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema
 def lag(end_offset: str | None, latest_offset: str | None) -> dict[tuple[str, int], int]:
     """Per (topic, partition): the offsets behind, from a batch's progress (Spark's Kafka source
     reports `endOffset`, where the batch ended, and `latestOffset`, the newest it saw, as JSON
-    `{"topic": {"partition": offset}}`); empty when the progress has either missing (or JSON
-    null, as in a trigger that found no new offsets)."""
-    end, latest = (json.loads(o) if o else None for o in (end_offset, latest_offset))
+    `{"topic": {"partition": offset}}`); empty when the progress has either missing: JSON
+    null, as in a trigger that found no new offsets, or "None", PySpark's text for a Java null,
+    as in the first batch after a restart, which replays an offset range already planned and
+    asks the source for no newest offset."""
+    end, latest = (json.loads(o) if o and o != "None" else None for o in (end_offset, latest_offset))
     if not end or not latest:
         return {}
     return {(topic, int(p)): max(0, newest - end.get(topic, {}).get(p, 0))
