@@ -1,9 +1,14 @@
 """Debezium-shaped messages from a real Kafka broker into Delta (`python -m bench.run --kafka`).
 
+- Messages as Debezium sends them at its defaults: a decimal as Connect's base64 bytes, a date
+  as days, instants as text and microseconds, JSON, each message wrapped in its Connect schema
+  (the job's config names the key only).
 - Throughput: a topic holding a snapshot read of every key and then updates of random keys
   is read from its start twice, `batch_offsets` offsets a batch: by a plain Kafka-to-Delta
-  append query (the same decoding, Spark's Delta sink: the pipeline's floor) and by the ready
+  append query (the same decoding, Spark's Delta writer: the pipeline's floor) and by the ready
   job's sink. Records per second of each, and the sink's share of the floor.
+- Decoding: seconds per 100k messages to parse them decoded by their Connect types, against
+  reading every value as sent.
 - Freshness: the job runs with a processing-time trigger while a producer sends updates at
   half the sink's measured rate, each stamped with its send time as `ts_ms`; every batch's
   freshness (commit time minus `ts_ms`, sink.freshness) at the 99th percentile, against 3
@@ -13,6 +18,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import statistics
@@ -27,16 +33,44 @@ from tests.cdc_stack import KafkaBroker
 
 TOPIC = "bench.public.orders"
 PARTITIONS = 2
-ROW = "id BIGINT, note STRING, amount BIGINT"
-SCHEMA = f"op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, before STRUCT<{ROW}>, after STRUCT<{ROW}>"
-# The JSON converter's wrapper (its schema abridged: the job reads the payload).
-WRAPPER = '{"schema":{"type":"struct","name":"bench.Envelope"},"payload":%s}'
+# The row as Debezium sends it at its defaults (precise decimals, adaptive time precision),
+# with the JSON converter's schema: the job decodes each value by it (jobs.connect_types).
+ROW_FIELDS = [
+    {"type": "int64", "optional": False, "field": "id"},
+    {"type": "string", "optional": True, "field": "note"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+     "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "amount"},
+    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "placed"},
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "at"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1, "field": "seen"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1, "field": "doc"},
+]
+ROW_SCHEMA = {"type": "struct", "optional": True, "name": "bench.public.orders.Value", "fields": ROW_FIELDS}
+ENVELOPE = {"type": "struct", "optional": False, "name": "bench.public.orders.Envelope", "fields": [
+    {**ROW_SCHEMA, "field": "before"}, {**ROW_SCHEMA, "field": "after"},
+    {"type": "struct", "optional": False, "name": "io.debezium.connector.postgresql.Source", "field": "source",
+     "fields": [{"type": "int64", "optional": True, "field": "lsn"}]},
+    {"type": "string", "optional": False, "field": "op"}, {"type": "int64", "optional": True, "field": "ts_ms"}]}
+KEY_SCHEMA = {"type": "struct", "optional": False, "name": "bench.public.orders.Key",
+              "fields": [{"type": "int64", "optional": False, "field": "id"}]}
+WRAPPER = '{"schema":' + json.dumps(ENVELOPE, separators=(",", ":")) + ',"payload":%s}'
+KEY_WRAPPER = '{"schema":' + json.dumps(KEY_SCHEMA, separators=(",", ":")) + ',"payload":{"id":%d}}'
+
+
+def decimal_bytes(unscaled: int) -> str:
+    """Connect's Decimal in JSON: base64 of the unscaled value's big-endian two's complement."""
+    return base64.b64encode(unscaled.to_bytes(max(1, (unscaled.bit_length() + 8) // 8), "big", signed=True)).decode()
 
 
 def event(op: str, key: int, lsn: int, ts_ms: int, note: str) -> bytes:
-    row = {"id": key, "note": note, "amount": lsn % 10_000}
+    row = {"id": key, "note": note, "amount": decimal_bytes(lsn % 10_000_000), "placed": 19_000 + lsn % 1000,
+           "at": "2026-12-02T10:15:30.123456Z", "seen": 1_764_670_530_123_456 + lsn, "doc": f'{{"lsn":{lsn}}}'}
     payload = {"op": op, "ts_ms": ts_ms, "source": {"lsn": lsn}, "before": None, "after": row}
     return (WRAPPER % json.dumps(payload, separators=(",", ":"))).encode()
+
+
+def message_key(key: int) -> bytes:
+    return (KEY_WRAPPER % key).encode()
 
 
 def producer(broker: KafkaBroker) -> Producer:
@@ -49,7 +83,7 @@ def send(out: Producer, messages) -> int:
     for key, value in messages:
         while True:
             try:
-                out.produce(TOPIC, key=str(key).encode(), value=value)
+                out.produce(TOPIC, key=message_key(key), value=value)
                 break
             except BufferError:  # the local queue is full: let it drain
                 out.poll(0.05)
@@ -75,7 +109,6 @@ metrics_port = 0
 format = "kafka"
 bootstrap_servers = "{broker.bootstrap_servers}"
 topics = ["{TOPIC}"]
-schema = "{SCHEMA}"
 envelope = "debezium"
 value_format = "json-with-schema"
 max_offsets_per_trigger = {batch_offsets}
@@ -86,18 +119,63 @@ trigger_seconds = {trigger_seconds}
     return conf
 
 
+class DeltaAppend:
+    """What the job hands a decoded batch to, for the plain query: Spark's Delta writer appends
+    it (no key, no index, no dedup: the pipeline's floor)."""
+
+    def __init__(self, config, uri: str):
+        self.config, self.uri, self.writer_id = config, uri, "plain-append"
+
+    def __call__(self, df, batch_id: int) -> None:
+        df.write.format("delta").mode("append").save(self.uri)
+
+
 def plain_append(spark, conf: Path, work: Path) -> float:
-    """Seconds for the plain query to append the whole topic to a Delta table."""
+    """Seconds for the plain query to append the whole topic to a Delta table, its messages
+    decoded as the job decodes them (jobs.upsert_stream.DecodedPerBatch)."""
     from jobs.job_config import load_job_config
-    from jobs.upsert_stream import source_stream
+    from jobs.upsert_stream import DecodedPerBatch, kafka_stream, resolved
 
     cfg = load_job_config(conf)
-    stream = source_stream(spark, cfg).drop(cfg.corrupt_record_column)
+    (sink,), (src,) = cfg.sinks, cfg.sources
+    sink, schema = resolved(spark, cfg, sink, src)
+    append = DeltaAppend(sink, str(work / "append" / "table"))
     started = time.perf_counter()
-    query = (stream.writeStream.format("delta").option("checkpointLocation", str(work / "append" / "checkpoint"))
-             .trigger(availableNow=True).start(str(work / "append" / "table")))
+    query = (kafka_stream(spark, cfg, src).writeStream.foreachBatch(DecodedPerBatch(append, cfg, src, schema))
+             .option("checkpointLocation", str(work / "append" / "checkpoint")).trigger(availableNow=True).start())
     query.awaitTermination()
     return time.perf_counter() - started
+
+
+def decoding_cost(spark, conf: Path, messages: int) -> dict:
+    """Seconds per 100k messages to parse the topic's first `messages` with their values
+    decoded by their Connect types, and with every value read as sent (its wire form), the
+    difference being the decoding's cost (a noop write: no Delta, no sink)."""
+    from jobs import kafka_source
+    from jobs.job_config import load_job_config
+    from jobs.upsert_stream import resolved
+
+    cfg = load_job_config(conf)
+    (sink,), (src,) = cfg.sinks, cfg.sources
+    sink, schema = resolved(spark, cfg, sink, src)
+    options = {k: v for k, v in src.reader_options().items() if k not in ("startingOffsets", "maxOffsetsPerTrigger")}
+    raw = spark.read.format("kafka").options(**options, startingOffsets="earliest").load().limit(messages).cache()
+    raw.count()
+    (group,) = kafka_source.schema_groups(kafka_source.message_schemas(raw)[0])
+    seconds = {}
+    for name, connect in (("decoded", group.merged), ("as_sent", None)):
+        wire = schema if connect else kafka_source.wire_schema(schema, group.merged)
+        frame = kafka_source.decoded(raw, wire, value_format=src.value_format, key_schema=None,
+                                     corrupt_column=cfg.corrupt_record_column, connect=connect)
+        runs = []
+        for _ in range(3):
+            started = time.perf_counter()
+            frame.write.format("noop").mode("overwrite").save()
+            runs.append(time.perf_counter() - started)
+        seconds[name] = min(runs) * 100_000 / messages
+    raw.unpersist()
+    return {"messages": messages, "seconds_per_100k": {k: round(v, 3) for k, v in seconds.items()},
+            "decoding_seconds_per_100k": round(seconds["decoded"] - seconds["as_sent"], 3)}
 
 
 def paced(broker: KafkaBroker, keys: int, rate: float, seconds: float, first_lsn: int) -> int:
@@ -110,7 +188,7 @@ def paced(broker: KafkaBroker, keys: int, rate: float, seconds: float, first_lsn
         for _ in range(due):
             lsn += 1
             key = rng.randrange(keys)
-            out.produce(TOPIC, key=str(key).encode(), value=event("u", key, lsn, now_ms, f"p{lsn}"))
+            out.produce(TOPIC, key=message_key(key), value=event("u", key, lsn, now_ms, f"p{lsn}"))
         sent += max(due, 0)
         out.poll(0)
         time.sleep(0.01)  # pacing the producer, not synchronising with the job
@@ -135,6 +213,8 @@ def run(spark, work: Path, *, keys: int, updates: int, batch_offsets: int, trigg
         print(f"kafka: {records:,} messages produced in {produce_seconds:.1f} s", flush=True)
 
         conf = job_config(work, broker, "sink", batch_offsets=batch_offsets, trigger_seconds=trigger_seconds)
+        decoding = decoding_cost(spark, conf, min(records, 200_000))
+        print(f"kafka: decoding {decoding['decoding_seconds_per_100k']} s per 100k messages", flush=True)
         append_seconds = plain_append(spark, conf, work)
         print(f"kafka: plain append {records / append_seconds:,.0f} records/s", flush=True)
         started = time.perf_counter()
@@ -171,6 +251,7 @@ def run(spark, work: Path, *, keys: int, updates: int, batch_offsets: int, trigg
                      "tag_steps_median": {s: round(statistics.median(r.tag_steps[s] for r in batches), 3)
                                           for s in batches[0].tag_steps}},
             "sink_share_of_append": round(append_seconds / sink_seconds, 3),
+            "decoding": decoding,
             "paced": {"rate_per_second": round(rate), "seconds": paced_seconds, "sent": sent,
                       "trigger_seconds": trigger_seconds, "batches": len(p99),
                       "freshness_p99_seconds": p99, "freshness_p99_max": max(p99, default=None),

@@ -15,12 +15,13 @@ DEBEZIUM_COLUMNS = ("op", "ts_ms", "lsn")
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 
 
-def debezium_select(schema: StructType) -> list[str]:
+def debezium_select(schema: StructType, carried: tuple[str, ...] = ()) -> list[str]:
     """Spark SQL expressions that flatten Debezium's `{op, ts_ms, source, before, after}`: one
     column per field of `after` (taken from `before` for deletes, op = 'd', whose `after` is
     null; a field `before` lacks, as with the default replica identity's key-only deletes,
     is null), `op` (c create, u update, r snapshot read, d delete), `ts_ms` when the schema
-    has it, and `lsn` from `source.lsn` when the source struct has one (Postgres)."""
+    has it, and `lsn` from `source.lsn` when the source struct has one (Postgres); the
+    `carried` columns beside the envelope as they are."""
     fields = {f.name: f.dataType for f in schema.fields}
     missing = [n for n in ("op", "before", "after") if n not in fields]
     if missing:
@@ -45,7 +46,7 @@ def debezium_select(schema: StructType) -> list[str]:
     source = fields.get("source")
     if isinstance(source, StructType) and "lsn" in source.fieldNames():
         exprs.append("source.lsn AS lsn")
-    return exprs
+    return [*exprs, *(quoted_column(c) for c in carried)]
 
 
 def unavailable_guard(schema: StructType, columns: list[str], ops: tuple[str, ...] = ()) -> str | None:

@@ -26,7 +26,9 @@ KAFKA_KEYS = ("bootstrap_servers", "topics", "subscribe_pattern", "starting_offs
 class SourceConfig:
     """What the job streams from: a landing directory of files (`path`), or Kafka topics."""
 
-    schema: str
+    # Spark DDL of the records (for an envelope, of the envelope). Optional where messages
+    # carry their Connect schemas (json-with-schema): the columns then come from them.
+    schema: str | None = None
     format: str = "json"
     path: str | None = None
     max_files_per_trigger: int | None = None
@@ -61,6 +63,11 @@ class SourceConfig:
         """Each batch's values are decoded by the Connect schemas its messages carry (the JSON
         converter's wrapper names them)."""
         return self.format == "kafka" and self.value_format == "json-with-schema"
+
+    @property
+    def keys_from_messages(self) -> bool:
+        """A Debezium table's key may come from its message keys' Connect schemas (its primary key)."""
+        return self.decodes_per_batch and self.envelope == "debezium"
 
     @property
     def widens(self) -> bool:
@@ -110,7 +117,11 @@ class SourceConfig:
             raise ConfigError(
                 f"source.format = {self.format!r} is not accepted; accepted values: {list(SOURCE_FORMATS)}"
             )
-        if not isinstance(self.schema, str) or not self.schema.strip():
+        if self.schema is None and not (self.format == "kafka" and self.value_format == "json-with-schema"):
+            raise ConfigError("source.schema is required (a Spark DDL string, e.g. 'id STRING, ts TIMESTAMP'), but "
+                              "with format = 'kafka' and value_format = 'json-with-schema', whose messages carry "
+                              "their schema")
+        if self.schema is not None and (not isinstance(self.schema, str) or not self.schema.strip()):
             raise ConfigError("source.schema must be a Spark DDL string, e.g. 'id STRING, ts TIMESTAMP'")
         if not isinstance(self.select, list) or not all(isinstance(e, str) and e.strip() for e in self.select):
             raise ConfigError(f"source.select must be a list of Spark SQL expressions, got {self.select!r}")
@@ -212,6 +223,11 @@ class JobConfig:
         return self.sinks[0].corrupt_record_column
 
 
+# The key of a table whose config leaves it to the messages (a Debezium table read with its
+# Connect schemas): the message key's fields, which the job reads once Spark runs.
+KEY_FROM_MESSAGES = "<the message key's fields>"
+
+
 def load_job_config(path: str | Path) -> JobConfig:
     path = Path(path)
     base = path.resolve().parent
@@ -221,10 +237,13 @@ def load_job_config(path: str | Path) -> JobConfig:
         raise ConfigError(f"{path}: no [source] table")
     source = dict(doc["source"])
     overrides = [s.get(SINK_SOURCE, {}) for s in sinks]
+    sources = [_source({**source, **o}, base, f"source (with [sink.source] of table {i})" if o else "source")
+               for i, o in enumerate(overrides)]
+    keyed = [s if "key" in s or not src.keys_from_messages else {**s, "key": [KEY_FROM_MESSAGES]}
+             for s, src in zip(sinks, sources)]
     return JobConfig(
-        sinks=[SinkConfig.from_dict(without_source(s), base_dir=base) for s in sinks],
-        sources=[_source({**source, **o}, base, f"source (with [sink.source] of table {i})" if o else "source")
-                 for i, o in enumerate(overrides)],
+        sinks=[SinkConfig.from_dict(without_source(s), base_dir=base) for s in keyed],
+        sources=sources,
         job=_build(JobSettings, doc.get("job", {}), "job"),
     )
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -92,21 +93,36 @@ def widened(base: StructType, found: StructType, within: tuple[str, ...] = ()) -
 SCHEMA_TEXT = "get_json_object(CAST(value AS STRING), '$.schema')"
 
 
-def message_schemas(raw: DataFrame) -> list[tuple[str, dict]]:
+def message_schemas(raw: DataFrame, flag: str | None = None) -> tuple[list[tuple[str, dict]], bool]:
     """The distinct Connect schemas of a batch's messages (Kafka rows, the JSON converter's
-    wrapper), structs only, each with its text: one more pass over the batch, returning only
-    its distinct schemas. A message without one adds nothing (its decoding sends it to
-    quarantine)."""
-    texts = raw.where("value IS NOT NULL").selectExpr(f"{SCHEMA_TEXT} AS {_SCHEMA}").distinct().collect()
-    found = []
+    wrapper), structs only, each with its text, and whether SQL `flag` holds for any message:
+    one more pass over the batch, returning only its distinct schemas (and flags). A message
+    without one adds nothing (its decoding sends it to quarantine)."""
+    texts = (raw.where("value IS NOT NULL").selectExpr(f"{SCHEMA_TEXT} AS {_SCHEMA}", f"{flag or 'false'} AS flagged")
+             .distinct().collect())
+    found, flagged = {}, any(row["flagged"] for row in texts)
     for row in texts:
         try:
             schema = json.loads(row[_SCHEMA]) if row[_SCHEMA] else None
         except ValueError:
             continue
         if isinstance(schema, dict) and schema.get("type") == "struct":
-            found.append((row[_SCHEMA], schema))
-    return sorted(found, key=lambda t: t[0])
+            found[row[_SCHEMA]] = schema
+    return sorted(found.items(), key=lambda t: t[0]), flagged
+
+
+def first_schemas(spark, src) -> tuple[dict | None, dict | None]:
+    """The Connect schemas of the value and of the key of the first message of `src`'s topics
+    (None, None: no message yet): a batch read of one message, from the earliest offsets."""
+    options = {k: v for k, v in src.reader_options().items() if k not in ("startingOffsets", "maxOffsetsPerTrigger")}
+    rows = (spark.read.format("kafka").options(**options, startingOffsets="earliest", endingOffsets="latest").load()
+            .where("value IS NOT NULL")
+            .selectExpr(f"{SCHEMA_TEXT} AS value", "get_json_object(CAST(key AS STRING), '$.schema') AS key")
+            .limit(1).collect())
+    if not rows:
+        return None, None
+    value, key = (json.loads(t) if t else None for t in (rows[0]["value"], rows[0]["key"]))
+    return value, key
 
 
 @dataclass
@@ -133,6 +149,14 @@ def schema_groups(schemas: list[tuple[str, dict]]) -> list[SchemaGroup]:
         else:
             groups.append(SchemaGroup([text], s))
     return groups
+
+
+def wire_schema(schema: StructType, connect: dict) -> StructType:
+    """`schema` as its values are sent (their wire types: a Decimal's base64 text, a Date's
+    days), which reading them with no decoding gives."""
+    by_name = {f["field"]: f for f in connect.get("fields", [])}
+    return StructType([StructField(f.name, connect_types.planned(f.name, f.dataType, by_name.get(f.name), f.name).wire)
+                       for f in schema.fields])
 
 
 def in_group(groups: list[SchemaGroup], i: int) -> str:
@@ -181,13 +205,13 @@ def check_subscription(topics: list[str], subscribe_pattern: str | None) -> None
 
 
 def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema: str | None,
-            corrupt_column: str | None, connect: dict | None = None) -> DataFrame:
+            corrupt_column: str | None, connect: dict | None = None, carried: Mapping[str, str] = {}) -> DataFrame:
     """The Kafka source's rows (`key`, `value`, `topic`, `partition`, `offset`, ...) as records
     of `schema`, tombstones left out; `corrupt_column` (None: none) is added and set, for a
     message that did not parse, to where it came from and its raw text, and for a value that
     did not decode, to its column, Connect type and raw value first (CANNOT_DECODE). `connect`:
     the messages' Connect schema (merged), by which their values are decoded (None: each value
-    read as `schema` says)."""
+    read as `schema` says). `carried`: more columns, by name, as SQL over the Kafka rows."""
     fields = [f for f in schema.fields if f.name != corrupt_column]
     by_name = {f["field"]: f for f in (connect or {}).get("fields", [])}
     plans = [connect_types.planned(f"{_RECORD}.{quoted_column(f.name)}", f.dataType, by_name.get(f.name), f.name)
@@ -209,6 +233,7 @@ def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema
         q = quoted_column(f.name)
         columns.append(f"coalesce({p.sql}, {_KEY}.{q}) AS {q}" if f.name in keyed else f"{p.sql} AS {q}")
     columns += [f"{_KEY}.{quoted_column(n)} AS {quoted_column(n)}" for n in sorted(keyed - {f.name for f in fields})]
+    columns += [f"{sql} AS {quoted_column(name)}" for name, sql in carried.items()]
     if corrupt_column:
         failed = f"{_PAYLOAD} IS NULL OR {_RECORD} IS NULL OR {_RECORD}.{quoted_column(corrupt_column)} IS NOT NULL"
         where = "concat('kafka topic ', topic, ' partition ', partition, ' offset ', offset)"

@@ -43,10 +43,11 @@ class Table:
     name: str
     writer_id: str
     start: Callable[[], object]
-    query: object = None
+    query: object = None  # its latest run's, kept once it ended (its last progress)
     failures: int = 0
     restart_at: float | None = None
     error: str | None = None
+    ended: bool = False
     batches_seen: int = field(default=-1)
 
     def ran_a_batch(self) -> bool:
@@ -67,7 +68,7 @@ def supervise(streams, tables: list[Table], backoff: Backoff, *, poll_seconds: f
             if table.restart_at is not None and table.restart_at <= now:
                 log.info("%s: restarting its query (failure %d in a row)", table.name, table.failures)
                 table.restart_at, table.query = None, table.start()
-        running = [t for t in tables if t.query is not None and t.query.isActive]
+        running = [t for t in tables if not t.ended and t.restart_at is None]
         waiting = [t.restart_at for t in tables if t.restart_at is not None]
         if not running and not waiting:
             break
@@ -100,7 +101,7 @@ def summary(error: BaseException) -> str:
 def _ended(table: Table, backoff: Backoff) -> None:
     error = table.query.exception()
     if error is None:
-        table.query = None
+        table.ended = True
         return
     table.failures = 1 if table.ran_a_batch() else table.failures + 1
     progress = table.query.lastProgress
@@ -110,8 +111,8 @@ def _ended(table: Table, backoff: Backoff) -> None:
     if table.failures > backoff.max_restarts:
         log.error("%s: its query failed %d times in a row; the table stays stopped (the other tables go on): %s",
                   table.name, table.failures, text)
-        table.query, table.error = None, text
+        table.ended, table.error = True, text
         return
     wait = backoff.wait(table.failures)
     log.error("%s: its query failed (the other tables go on); restarting it in %.0f s: %s", table.name, wait, text)
-    table.query, table.restart_at = None, time.monotonic() + wait
+    table.restart_at = time.monotonic() + wait

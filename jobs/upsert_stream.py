@@ -20,11 +20,11 @@ if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deltalake import DeltaTable  # noqa: E402
-from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
+from pyspark.sql.types import LongType, StringType, StructField, StructType  # noqa: E402
 
-from jobs import kafka_source  # noqa: E402
+from jobs import connect_types, kafka_source, key_changes  # noqa: E402
 from jobs.envelopes import DEBEZIUM_COLUMNS, UNAVAILABLE_VALUE, debezium_select, unavailable_guard  # noqa: E402
-from jobs.job_config import JobConfig, SourceConfig, load_job_config  # noqa: E402
+from jobs.job_config import KEY_FROM_MESSAGES, JobConfig, SourceConfig, load_job_config  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from jobs.supervisor import Table, supervise  # noqa: E402
 from sink import SinkConfig, UpsertSink  # noqa: E402
@@ -42,13 +42,26 @@ log = logging.getLogger("jobs.upsert_stream")
 RESERVED_PREFIXES = (PREFIX, HIDDEN_ORDERING_PREFIX)
 
 
+# A Debezium envelope whose row's columns all come from the messages.
+ENVELOPE = StructType([StructField("op", StringType()), StructField("ts_ms", LongType()),
+                       StructField("source", StructType([StructField("lsn", LongType())])),
+                       StructField("before", StructType([])), StructField("after", StructType([]))])
+
+
+def declared_schema(src: SourceConfig) -> StructType:
+    """`source.schema`; where it is left to the messages, a Debezium envelope without columns."""
+    if src.schema is not None:
+        return StructType.fromDDL(src.schema)
+    return ENVELOPE if src.envelope == "debezium" else StructType([])
+
+
 def source_schema(cfg: JobConfig, src: SourceConfig | None = None) -> tuple[StructType, dict[str, str]]:
     """The source's schema and reader options: for JSON, CSV and Kafka's JSON messages (unless
     source.corrupt_records is off) with the sink's corrupt-record column, which PERMISSIVE
     reading fills with the raw text of a record that did not parse (instead of only nulling
     its bad values). `src`: a table's source (default: `[source]`)."""
     src = src or cfg.source
-    schema = StructType.fromDDL(src.schema)
+    schema = declared_schema(src)
     options = src.reader_options()
     if src.format == "kafka":
         if src.corrupt_records and cfg.corrupt_record_column not in schema.fieldNames():
@@ -73,15 +86,13 @@ def selected(stream, select: list[str], corrupt_column: str):
     return out
 
 
-def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None, table_uri: str | None = None):
+def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None, schema: StructType | None = None):
     """A source as its sink sees it: read, its envelope flattened, selected (`src`: a table's
-    source, default `[source]`; a Kafka source's schema has the columns of the table at
-    `table_uri` too)."""
+    source, default `[source]`; `schema`: its records' as `resolved`, default source_schema's)."""
     src = src or cfg.source
-    schema, options = source_schema(cfg, src)
+    own, options = source_schema(cfg, src)
+    schema = schema or own
     if src.format == "kafka":
-        if table_uri:
-            schema = with_table_columns(schema, src, table_uri)
         return kafka_records(kafka_stream(spark, cfg, src), cfg, src, schema)
     reader = spark.readStream.format(src.format).schema(schema).options(**options)
     if src.max_files_per_trigger:
@@ -90,17 +101,29 @@ def source_stream(spark, cfg: JobConfig, src: SourceConfig | None = None, table_
 
 
 def kafka_stream(spark, cfg: JobConfig, src: SourceConfig):
-    """The Kafka source's rows (key, value, topic, partition, offset, ...)."""
-    return spark.readStream.format("kafka").options(**source_schema(cfg, src)[1]).load()
+    """The Kafka source's rows (key, value, topic, partition, offset, ...; with a Debezium
+    envelope decoded batch by batch, the headers, which name a key change's old key)."""
+    reader = spark.readStream.format("kafka").options(**source_schema(cfg, src)[1])
+    if src.decodes_per_batch and src.envelope == "debezium":
+        reader = reader.option("includeHeaders", "true")
+    return reader.load()
 
 
-def kafka_records(raw, cfg: JobConfig, src: SourceConfig, schema: StructType, connect: dict | None = None):
+def kafka_records(raw, cfg: JobConfig, src: SourceConfig, schema: StructType, connect: dict | None = None,
+                  resolve=None):
     """Kafka rows (a stream, or one batch's) as the sink sees them, their values parsed into
-    `schema` (decoded by their Connect schema `connect`, merged, when known)."""
+    `schema` (decoded by their Connect schema `connect`, merged, when known). `resolve`: of a
+    Debezium envelope's flattened records with their old key (key_changes.OLD_KEY), before
+    `select`."""
     corrupt = cfg.corrupt_record_column if src.corrupt_records else None
+    carried = {key_changes.OLD_KEY: key_changes.OLD_KEY_SQL} if resolve else {}
     stream = kafka_source.decoded(raw, schema, value_format=src.value_format, key_schema=src.key_schema,
-                                  corrupt_column=corrupt, connect=connect)
-    return flattened(stream, cfg, src, schema)
+                                  corrupt_column=corrupt, connect=connect, carried=carried)
+    if src.envelope == "debezium":
+        stream = selected(stream, debezium_select(schema, tuple(carried)), cfg.corrupt_record_column)
+    if resolve:
+        stream = resolve(stream).drop(key_changes.OLD_KEY)
+    return selected(stream, src.select, cfg.corrupt_record_column)
 
 
 def flattened(stream, cfg: JobConfig, src: SourceConfig, schema: StructType):
@@ -127,6 +150,36 @@ def with_table_columns(schema: StructType, src: SourceConfig, table_uri: str) ->
                                 ("before", "after"))
 
 
+def resolved(spark, cfg: JobConfig, sink: SinkConfig, src: SourceConfig) -> tuple[SinkConfig, StructType]:
+    """A table's config and its source's schema as the job reads them: with the columns its
+    Delta table has (`with_table_columns`), and where the config leaves the key or the row's
+    columns to the messages, those the first message's Connect schemas give (its key's fields
+    are the table's primary key); later columns arrive batch by batch."""
+    schema = source_schema(cfg, src)[0]
+    if src.format != "kafka":
+        return sink, schema
+    schema = with_table_columns(schema, src, sink.table_uri)
+    unkeyed = sink.key == [KEY_FROM_MESSAGES]
+    rowless = src.keys_from_messages and "after" in schema.fieldNames() and not schema["after"].dataType.fields
+    if not (unkeyed or rowless):
+        return sink, schema
+    value, key = kafka_source.first_schemas(spark, src)
+    if value is None:
+        raise ConfigError(f"{src.name} holds no message yet, and the table {sink.table_uri} leaves its key and columns "
+                          "to the messages: set key, and the key's columns in source.schema, or start the job once the "
+                          "topic has a message")
+    schema = kafka_source.widened(schema, connect_types.connect_type(value), ("before", "after"))
+    if unkeyed:
+        fields = [f.get("field") for f in (key or {}).get("fields", [])]
+        if not fields:
+            raise ConfigError(f"key: the message keys of {src.name} carry no Connect schema to take the table's key "
+                              "from (the key converter's schemas.enable = false?): set key for table "
+                              f"{sink.table_uri}")
+        log.info("%s: key %s, from the message key's Connect schema", sink.table_uri, fields)
+        sink = dataclasses.replace(sink, key=fields)
+    return sink, schema
+
+
 class DecodedPerBatch:
     """foreachBatch of a `json-with-schema` Kafka source: each batch's Kafka rows decoded by the
     Connect schemas its messages carry, parsed with the source's schema (widened by their
@@ -138,7 +191,12 @@ class DecodedPerBatch:
         self.sink, self.cfg, self.src, self.schema = sink, cfg, src, schema
 
     def __call__(self, raw, batch_id: int) -> None:
-        groups = kafka_source.schema_groups(kafka_source.message_schemas(raw))
+        cfg = self.sink.config
+        moves = self.src.envelope == "debezium" and cfg.unchanged_value is not None
+        schemas, moved = kafka_source.message_schemas(raw, key_changes.flag_sql(cfg.unchanged_value) if moves else None)
+        groups = kafka_source.schema_groups(schemas)
+        resolve = functools.partial(key_changes.resolved, key=cfg.key, ordering=cfg.ordering_columns[0],
+                                    placeholder=cfg.unchanged_value, table_uri=cfg.table_uri) if moved else None
         if self.src.widens:
             within = ("before", "after") if self.src.envelope == "debezium" else ()
             schema = kafka_source.widened(self.schema, kafka_source.message_type(groups), within)
@@ -150,7 +208,7 @@ class DecodedPerBatch:
             log.info("%s: batch %d's messages decode a column in %d ways (its type changed at the source): each "
                      "group is decoded by its own schemas", self.sink.writer_id, batch_id, len(groups))
         parts = [kafka_records(raw.where(kafka_source.in_group(groups, i)), self.cfg, self.src, self.schema,
-                               g.merged) for i, g in enumerate(groups)] or \
+                               g.merged, resolve) for i, g in enumerate(groups)] or \
             [kafka_records(raw, self.cfg, self.src, self.schema)]
         self.sink(functools.reduce(lambda a, b: a.unionByName(b), parts), batch_id)
 
@@ -159,20 +217,21 @@ class DecodedPerBatch:
 POLL_SECONDS = 5
 
 
-def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> SinkConfig:
+def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str], schema: StructType) -> SinkConfig:
     """A Debezium table's config: Debezium's placeholder for a value it did not receive
     (PostgreSQL's unchanged TOAST values under REPLICA IDENTITY DEFAULT) is its `unchanged_value`,
     so an update keeps the stored value. Where nothing stored can stand in, the records holding
     it go to quarantine: creates and snapshot reads (a primary key change's create carries the
     placeholder for its old key's value), and every event of a history table (scd_type = 2) or
     of a stream without `op`, where creates cannot be told apart. Its freshness is measured
-    from the envelope's `ts_ms` unless `freshness_column` says otherwise."""
+    from the envelope's `ts_ms` unless `freshness_column` says otherwise. `schema`: the
+    envelope's, as the job reads it."""
     if src.envelope != "debezium":
         return sink
     changes = {}
     if sink.unchanged_value is None:
         keeps = sink.scd_type != 2 and "op" in columns
-        guard = unavailable_guard(StructType.fromDDL(src.schema), columns, ("c", "r") if keeps else ())
+        guard = unavailable_guard(schema, columns, ("c", "r") if keeps else ())
         if keeps:
             changes["unchanged_value"] = UNAVAILABLE_VALUE
         if guard:
@@ -184,14 +243,15 @@ def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str]) -> Sin
 
 
 def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None,
-                src: SourceConfig | None = None):
+                src: SourceConfig | None = None, schema: StructType | None = None):
     """One table's query: its own checkpoint (so its own progress and writer id). Under
-    `src.decodes_per_batch` it streams the Kafka rows, decoded batch by batch."""
+    `src.decodes_per_batch` it streams the Kafka rows, decoded batch by batch (`schema`: the
+    records' as `resolved`)."""
     sink.validate(stream)  # a config naming a missing column fails here, before any batch
     foreach = sink
     if src is not None and src.decodes_per_batch:
-        schema = with_table_columns(source_schema(cfg, src)[0], src, sink.config.table_uri)
-        stream, foreach = kafka_stream(stream.sparkSession, cfg, src), DecodedPerBatch(sink, cfg, src, schema)
+        stream, foreach = kafka_stream(stream.sparkSession, cfg, src), DecodedPerBatch(
+            sink, cfg, src, schema or source_schema(cfg, src)[0])
     writer = stream.writeStream.foreachBatch(foreach).option("checkpointLocation", sink.config.checkpoint_dir)
     if once:
         writer = writer.trigger(availableNow=True)
@@ -201,8 +261,8 @@ def start_query(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_se
 
 
 def _started(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_seconds: int | None,
-             src: SourceConfig):
-    query = start_query(stream, cfg, sink, once, trigger_seconds, src)
+             src: SourceConfig, schema: StructType):
+    query = start_query(stream, cfg, sink, once, trigger_seconds, src, schema)
     log.info("query %s started: %s -> %s (writer_id %s)", query.id, src.name, sink.config.table_uri, sink.writer_id)
     return query
 
@@ -254,9 +314,10 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     for src in cfg.sources:
         if src.path and "://" not in src.path:
             Path(src.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
-    streams = [source_stream(spark, cfg, src, s.table_uri) for s, src in zip(cfg.sinks, cfg.sources)]
-    sinks = [UpsertSink(for_debezium(s, src, stream.columns))
-             for s, src, stream in zip(cfg.sinks, cfg.sources, streams)]
+    cfg.sinks, schemas = map(list, zip(*(resolved(spark, cfg, s, src) for s, src in zip(cfg.sinks, cfg.sources))))
+    streams = [source_stream(spark, cfg, src, schema) for src, schema in zip(cfg.sources, schemas)]
+    sinks = [UpsertSink(for_debezium(s, src, stream.columns, schema))
+             for s, src, stream, schema in zip(cfg.sinks, cfg.sources, streams, schemas)]
     kafka = any(src.format == "kafka" for src in cfg.sources)
     # The Kafka lag: a listener in a classic session; under Spark Connect a listener would run
     # on the server, away from these metrics, so the wait below polls the queries' progress.
@@ -267,8 +328,8 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     progress = kafka_source.ProgressPoll([s.writer_id for s in sinks]) if kafka else None
     polled = progress if remote else None
     tables = [Table(sink.config.table_uri, sink.writer_id,
-                    functools.partial(_started, stream, cfg, sink, once, trigger_seconds, src))
-              for sink, src, stream in zip(sinks, cfg.sources, streams)]
+                    functools.partial(_started, stream, cfg, sink, once, trigger_seconds, src, schema))
+              for sink, src, stream, schema in zip(sinks, cfg.sources, streams, schemas)]
     # A query this session ran before (an earlier run in the process) would end the wait at once.
     spark.streams.resetTerminated()
     try:

@@ -133,16 +133,22 @@ def test_an_unchanged_value_for_a_key_without_a_stored_row_fails_naming_key_and_
              unchanged=MARKER)
 
 
+def random_case(rng: random.Random):
+    """Stored rows of a few keys, and a batch of their records, some holding MARKER."""
+    stored = {str(k): (rng.randrange(5), rng.choice([None, 1]), rng.choice([None, "s"]))
+              for k in range(4) if rng.random() < 0.6}
+    records = [(str(rng.randrange(4)), rng.randrange(8), rng.random() < 0.2,
+                rng.choice([None, rng.randrange(100)]), rng.choice([None, MARKER, f"r{rng.randrange(9)}"]))
+               for _ in range(rng.randrange(1, 12))]
+    return stored, records
+
+
 @pytest.mark.parametrize("nulls_kept", [True, False])
 def test_random_batches_with_unchanged_values_equal_records_applied_one_by_one(nulls_kept):
     rng = random.Random(11)
     failed = 0
     for _ in range(400):
-        stored = {str(k): (rng.randrange(5), rng.choice([None, 1]), rng.choice([None, "s"]))
-                  for k in range(4) if rng.random() < 0.6}
-        records = [(str(rng.randrange(4)), rng.randrange(8), rng.random() < 0.2,
-                    rng.choice([None, rng.randrange(100)]), rng.choice([None, MARKER, f"r{rng.randrange(9)}"]))
-                   for _ in range(rng.randrange(1, 12))]
+        stored, records = random_case(rng)
         try:
             expected = applied_one_by_one(records, stored, nulls_kept, MARKER)
         except UnchangedValueError:
@@ -185,11 +191,7 @@ def test_random_batches_without_their_unsent_records_equal_the_rest_applied_one_
     rng = random.Random(12)
     aside_drawn = 0
     for _ in range(400):
-        stored = {str(k): (rng.randrange(5), rng.choice([None, 1]), rng.choice([None, "s"]))
-                  for k in range(4) if rng.random() < 0.6}
-        records = [(str(rng.randrange(4)), rng.randrange(8), rng.random() < 0.2,
-                    rng.choice([None, rng.randrange(100)]), rng.choice([None, MARKER, f"r{rng.randrange(9)}"]))
-                   for _ in range(rng.randrange(1, 12))]
+        stored, records = random_case(rng)
         found = set_aside(records, stored, nulls_kept)
         if found is None:
             continue

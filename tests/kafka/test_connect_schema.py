@@ -66,7 +66,7 @@ def test_a_batchs_schema_is_the_union_of_its_messages_schemas(spark):
               json.dumps({"schema": ROW, "payload": {"id": 2, "name": "b", "tier": "gold"}}),
               "{not json", None]
     raw = spark.createDataFrame([(None if v is None else bytearray(v.encode()),) for v in values], "value BINARY")
-    assert message_type(schema_groups(message_schemas(raw))) == ROW_TYPE
+    assert message_type(schema_groups(message_schemas(raw)[0])) == ROW_TYPE
 
 
 @pytest.mark.parametrize("options", [{"format": "json", "path": "/tmp/x"},
@@ -75,3 +75,25 @@ def test_schema_from_messages_needs_the_converters_wrapper(options):
     with pytest.raises(ConfigError, match="source.schema_from_messages .* needs format = 'kafka' and "
                                           "value_format = 'json-with-schema'"):
         SourceConfig(schema="id INT", schema_from_messages=True, **options)
+
+
+def test_source_schema_is_optional_only_where_messages_carry_their_schema(tmp_path):
+    with pytest.raises(ConfigError, match="source.schema is required .* but with format = 'kafka' and value_format "
+                                          "= 'json-with-schema'"):
+        SourceConfig(format="kafka", bootstrap_servers="b:9092", topics=["t"])
+    assert SourceConfig(format="kafka", bootstrap_servers="b:9092", topics=["t"], value_format="json-with-schema",
+                        envelope="debezium").widens
+
+
+def test_a_debezium_table_without_a_key_takes_it_from_the_message_keys(tmp_path):
+    from jobs.job_config import KEY_FROM_MESSAGES, load_job_config
+
+    conf = tmp_path / "sink.toml"
+    conf.write_text('[[sink]]\ntable_uri = "t"\nordering = "lsn"\ncheckpoint_dir = "c"\n'
+                    '[source]\nformat = "kafka"\nbootstrap_servers = "b:9092"\ntopics = ["cdc.public.t"]\n'
+                    'envelope = "debezium"\nvalue_format = "json-with-schema"\n')
+    (sink,) = load_job_config(conf).sinks
+    assert sink.key == [KEY_FROM_MESSAGES]  # the job reads it once Spark runs (jobs.upsert_stream.resolved)
+    conf.write_text(conf.read_text().replace('envelope = "debezium"\n', 'schema = "id INT"\n'))
+    with pytest.raises(ConfigError, match="key"):
+        load_job_config(conf)

@@ -84,7 +84,7 @@ def decoded_messages(spark, payloads: list[dict]) -> list:
     """Debezium creates of `payloads` decoded as the job does a batch, by their id."""
     raw = spark.createDataFrame([(bytearray(message(p).encode()),) for p in payloads], "value BINARY") \
         .selectExpr("value", "'t' AS topic", "0 AS partition", "monotonically_increasing_id() AS offset")
-    (group,) = schema_groups(message_schemas(raw))
+    (group,) = schema_groups(message_schemas(raw)[0])
     after = message_type([group])["after"].dataType
     schema = StructType([StructField("op", StringType()), StructField("after", after)])
     return decoded(raw, schema, value_format="json-with-schema", key_schema=None, corrupt_column="_corrupt",

@@ -42,12 +42,11 @@ def instant(rng: random.Random) -> dt.datetime:
     return dt.datetime(1950, 1, 1, tzinfo=UTC) + dt.timedelta(microseconds=rng.randrange(0, 3 * 10**15))
 
 
-# Per table: its PostgreSQL columns, its key, random values for its other columns (in order);
-# updates set the first two of `updated` at random. Orders' `big` is TOASTed (12 kB of random
-# hex, stored out of line) and no update sets it: under the default replica identity Debezium
-# sends its placeholder instead, and the table keeps the stored value. Its keys never change
-# (a key change's create would carry the placeholder for a value the new key never had).
-# Customers have a composite key, which changes.
+# Per table: its PostgreSQL columns, its key, random values for its other columns; updates set
+# two of `updated` at random. Orders' `big` is TOASTed (12 kB of random hex, stored out of
+# line) and no update sets it: under the default replica identity Debezium sends its
+# placeholder instead, and the table keeps the stored value; a key change's create carries it
+# too, and takes the old key's value (jobs.key_changes). Customers have a composite key.
 TABLES = {
     "orders": {
         "ddl": "id INT PRIMARY KEY, note TEXT, amount NUMERIC(18, 6), placed DATE, at TIMESTAMPTZ, paid BOOLEAN, "
@@ -105,9 +104,10 @@ def random_workload(conn, rng: random.Random, statements: int, first_id: int) ->
                                  [*(values[c] for c in columns), *key.values()])
                 elif kind < 0.9:
                     conn.execute(f"DELETE FROM {table} WHERE {where}", list(key.values()))
-                elif table != "orders":  # a new key: Debezium sends a delete of the old key, a create of the new
-                    conn.execute(f"UPDATE {table} SET id = %s, region = %s WHERE {where}",
-                                 [next_id, rng.choice(["eu", "us"]), *key.values()])
+                else:  # a new key: Debezium sends a delete of the old key, a create of the new
+                    moved = key_of(table, rng, next_id)
+                    conn.execute(f"UPDATE {table} SET {', '.join(f'{k} = %s' for k in moved)} WHERE {where}",
+                                 [*moved.values(), *key.values()])
                     next_id += 1
 
 
@@ -146,16 +146,21 @@ CAPTURES = {"cdc": {}, "cdcstr": {"decimal.handling.mode": "string"}, "cdcdbl": 
 
 def job_config(tmp_path, bootstrap_servers: str, *, prefix: str = "cdc", sink: str = "", source: str = "",
                declared: dict[str, str] | None = None) -> str:
-    """One [[sink]] per table, each reading its own topic, the row's columns taken from the
-    messages: the job's schema names the key columns only (and `declared`, per table)."""
+    """One [[sink]] per table, each reading its own topic. Without `declared` the config names
+    no column and no key: the key comes from the message keys' Connect schema, every column
+    from the values'. `declared`, per table: the key's and these columns' types."""
     types = {"id": "INT", "region": "STRING"}
     sinks = ""
     for table, spec in TABLES.items():
-        row = ", ".join([*(f"{k}: {types[k]}" for k in spec["key"]), *filter(None, [(declared or {}).get(table)])])
+        given = ""
+        if declared is not None:
+            row = ", ".join([*(f"{k}: {types[k]}" for k in spec["key"]), *filter(None, [declared.get(table)])])
+            given = (f'schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, before STRUCT<{row}>, '
+                     f'after STRUCT<{row}>"')
         sinks += f"""
 [[sink]]
 table_uri = "data/{table}"
-key = {json.dumps(spec["key"])}
+{f"key = {json.dumps(spec['key'])}" if declared is not None else ""}
 ordering = "lsn"
 delete_when = "op = 'd'"
 checkpoint_dir = "data/{table}_checkpoint"
@@ -165,14 +170,13 @@ metrics_port = 0
 
 [sink.source]
 topics = ["{prefix}.public.{table}"]
-schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, before STRUCT<{row}>, after STRUCT<{row}>"
+{given}
 """
     conf = tmp_path / "sink.toml"
     conf.write_text(sinks + f"""
 [source]
 format = "kafka"
 bootstrap_servers = "{bootstrap_servers}"
-schema = "op STRING"
 envelope = "debezium"
 value_format = "json-with-schema"
 {source}
@@ -214,7 +218,7 @@ def captured(kafka_broker, postgres, tmp_path_factory) -> dict[str, list[dict]]:
         assert any(r["id"] < 1000 for r in tables[table]) and any(r["id"] >= 1000 for r in tables[table])
     assert any(r["tier"] for r in tables["customers"])  # the added columns hold values the stream must carry
     assert any(r["amount"] is not None and len(r["amount"].as_tuple().digits) > 15 for r in tables["orders"])
-    assert placeholders["cdc.public.orders"] > 0  # updates left `big` unchanged, and Debezium said so
+    assert placeholders["cdc.public.orders"] > 0  # updates and key changes left `big` unchanged, Debezium said so
     conn.close()
     return tables
 
@@ -241,11 +245,13 @@ def assert_tables_equal(tmp_path, captured: dict[str, list[dict]], decimals=lamb
 
 def test_postgres_through_debezium_at_its_defaults_equals_the_source_tables_typed(
         spark, kafka_broker, captured, tmp_path):
-    """The job names the key columns only: every other column, the two added mid-stream
-    among them, comes from the messages' Connect schemas, decoded."""
+    """The config names no column and no key: each table's key comes from its message keys'
+    Connect schema (the primary key), every column, the two added mid-stream among them, from
+    the values', decoded."""
     conf = job_config(tmp_path, kafka_broker.bootstrap_servers)
+    assert "schema =" not in Path(conf).read_text() and "key =" not in Path(conf).read_text()
     sinks = run(conf, once=True)  # one Spark start-up
-    assert len(sinks) == len(TABLES)
+    assert [s.config.key for s in sinks] == [spec["key"] for spec in TABLES.values()]
     schema = {f.name: f.type.type for f in DeltaTable(str(tmp_path / "data" / "orders")).schema().fields}
     assert (schema["amount"], schema["placed"], schema["at"], schema["seen"]) == (
         "decimal(18,6)", "date", "timestamp", "timestamp_ntz")
@@ -307,7 +313,7 @@ def test_two_executors_stream_the_capture_exactly(kafka_broker, captured, tmp_pa
     import pyspark
 
     conf = job_config(tmp_path, kafka_broker.bootstrap_servers, sink='tag_on = "executors"\nnum_shards = 2',
-                      source="max_offsets_per_trigger = 200")
+                      source="max_offsets_per_trigger = 200", declared={})
     env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(job_process(conf, "--once", "--master", "local-cluster[2,1,1024]"), cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
