@@ -138,20 +138,24 @@ def decoding(schema: dict) -> Decoding:
 def _decimal(params: dict, text: str) -> Decoding:
     scale = int(params.get("scale", 0))
     precision = params.get("connect.decimal.precision")
-    unscaled = lambda e: _unscaled(e)  # noqa: E731
     if precision is not None and 0 <= scale <= int(precision) <= MAX_DIGITS:
         p = int(precision)
         return Decoding(DecimalType(p, scale), StringType(), text,
-                        lambda e: f"try_cast(concat({unscaled(e)}, 'E-', {scale}) AS DECIMAL({p}, {scale}))")
-    return Decoding(StringType(), StringType(), text, lambda e: _decimal_text(unscaled(e), str(scale)))
+                        lambda e: f"try_cast(concat({_unscaled(e, p)}, 'E-', {scale}) AS DECIMAL({p}, {scale}))")
+    return Decoding(StringType(), StringType(), text, lambda e: _decimal_text(_unscaled(e), str(scale)))
 
 
-def _unscaled(b64: str) -> str:
-    """SQL of the decimal text of a base64 big-endian two's-complement integer of at most 16
-    bytes (null beyond): a negative one's bytes are complemented (-(~v) - 1), so both 8-byte
-    halves read as unsigned by conv and the sum stays within DECIMAL(38, 0)."""
+def _unscaled(b64: str, digits: int = MAX_DIGITS) -> str:
+    """SQL of the decimal text of a base64 big-endian two's-complement integer of `digits`
+    digits at most (null beyond 16 bytes). Up to 18 digits it fits 8 bytes, which conv reads
+    as a signed 64-bit number once sign-extended; beyond, a negative one's bytes are
+    complemented (-(~v) - 1), so both 8-byte halves read as unsigned by conv and the sum stays
+    within DECIMAL(38, 0)."""
     h = f"hex(try_to_binary({b64}, 'base64'))"
     negative = f"substr({h}, 1, 1) >= '8'"
+    if digits <= 18:
+        extended = f"lpad({h}, 16, CASE WHEN {negative} THEN 'F' ELSE '0' END)"
+        return f"CASE WHEN length({h}) BETWEEN 1 AND 16 THEN conv({extended}, 16, -10) END"
     digits = f"lpad(CASE WHEN {negative} THEN translate({h}, '0123456789ABCDEF', 'FEDCBA9876543210') ELSE {h} END, " \
              f"32, '0')"
     magnitude = (f"try_add(try_multiply(CAST(conv(substr({digits}, 1, 16), 16, 10) AS DECIMAL(38, 0)), "
@@ -188,12 +192,23 @@ def connect_type(schema: dict) -> DataType:
 @dataclass
 class Failure:
     """A decoded value that may fail: its column's path, Connect type, the SQL true where it
-    failed, and the SQL of its raw value."""
+    failed, and the SQL of its raw value; `wire` and `names`, where it is no array's or map's
+    part: the SQL of its wire value and the field names that lead to it from the top-level
+    column, so that its failure can be told from the decoded column (decoded once)."""
 
     path: str
     connect: str
     failed: str
     raw: str
+    wire: str | None = None
+    names: tuple[str, ...] | None = None
+
+    def failed_in(self, decoded: str) -> str:
+        """SQL true where it failed, `decoded` being the decoded top-level column's SQL."""
+        if self.names is None:
+            return self.failed
+        value = ".".join([decoded, *map(quoted_column, self.names)])
+        return f"({self.wire} IS NOT NULL AND {value} IS NULL)"
 
 
 @dataclass
@@ -205,16 +220,18 @@ class Planned:
     failures: list[Failure] = field(default_factory=list)
 
 
-def planned(expr: str, target: DataType, schema: dict | None, path: str, depth: int = 0) -> Planned:
+def planned(expr: str, target: DataType, schema: dict | None, path: str, depth: int = 0,
+            names: tuple[str, ...] | None = ()) -> Planned:
     """How the value at SQL `expr`, of Connect `schema` (None: the messages do not say), is read
-    and becomes `target`, its failures named by `path`."""
+    and becomes `target`, its failures named by `path` (`names`: the fields from the top-level
+    column to it; None inside an array or map)."""
     if schema is None:
         return Planned(target, expr)
     kind = schema.get("type")
     if isinstance(target, StructType) and kind == "struct" and schema.get("name") != VARIABLE_SCALE_DECIMAL:
         by_name = {f["field"]: f for f in schema.get("fields", [])}
         parts = [(f, planned(f"{expr}.{quoted_column(f.name)}", f.dataType, by_name.get(f.name), f"{path}.{f.name}",
-                             depth)) for f in target.fields]
+                             depth, None if names is None else (*names, f.name))) for f in target.fields]
         wire = StructType([StructField(f.name, p.wire, True) for f, p in parts])
         failures = [x for _, p in parts for x in p.failures]
         if all(p.sql == f"{expr}.{quoted_column(f.name)}" for f, p in parts):
@@ -223,22 +240,22 @@ def planned(expr: str, target: DataType, schema: dict | None, path: str, depth: 
         return Planned(wire, f"CASE WHEN {expr} IS NULL THEN NULL ELSE named_struct({fields}) END", failures)
     if isinstance(target, ArrayType) and kind == "array":
         var = f"x{depth}"
-        item = planned(var, target.elementType, schema.get("items"), f"{path}[]", depth + 1)
+        item = planned(var, target.elementType, schema.get("items"), f"{path}[]", depth + 1, None)
         failures = [Failure(f.path, f.connect, f"coalesce(exists({expr}, {var} -> {f.failed}), false)",
                             f"to_json({expr})") for f in item.failures]
         sql = expr if item.sql == var else f"transform({expr}, {var} -> {item.sql})"
         return Planned(ArrayType(item.wire, True), sql, failures)
     if isinstance(target, MapType) and kind == "map":
         k, v = f"k{depth}", f"v{depth}"
-        value = planned(v, target.valueType, schema.get("values"), f"{path}{{}}", depth + 1)
+        value = planned(v, target.valueType, schema.get("values"), f"{path}{{}}", depth + 1, None)
         failures = [Failure(f.path, f.connect, f"coalesce(exists(map_values({expr}), {v} -> {f.failed}), false)",
                             f"to_json({expr})") for f in value.failures]
         sql = expr if value.sql == v else f"transform_values({expr}, ({k}, {v}) -> {value.sql})"
         return Planned(MapType(target.keyType, value.wire, True), sql, failures)
-    return _leaf(expr, target, schema, path)
+    return _leaf(expr, target, schema, path, names)
 
 
-def _leaf(expr: str, target: DataType, schema: dict, path: str) -> Planned:
+def _leaf(expr: str, target: DataType, schema: dict, path: str, names: tuple[str, ...] | None) -> Planned:
     d = decoding(schema)
     if isinstance(target, StringType) and isinstance(d.type, BinaryType):
         return Planned(StringType(), expr)  # declared as text: the base64 text as sent
@@ -249,7 +266,8 @@ def _leaf(expr: str, target: DataType, schema: dict, path: str) -> Planned:
         value = f"CAST({value} AS STRING)" if isinstance(target, StringType) else \
             f"try_cast({value} AS {target.simpleString()})"
     raw = f"to_json({expr})" if isinstance(d.wire, StructType) else f"CAST({expr} AS STRING)"
-    return Planned(d.wire, value, [Failure(path, d.label, f"({expr} IS NOT NULL AND ({value}) IS NULL)", raw)])
+    failure = Failure(path, d.label, f"({expr} IS NOT NULL AND ({value}) IS NULL)", raw, expr, names)
+    return Planned(d.wire, value, [failure])
 
 
 def _literal(text: str) -> str:

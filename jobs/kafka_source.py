@@ -90,7 +90,22 @@ def widened(base: StructType, found: StructType, within: tuple[str, ...] = ()) -
     return StructType(fields)
 
 
-SCHEMA_TEXT = "get_json_object(CAST(value AS STRING), '$.schema')"
+# The JSON converter writes `{"schema":...,"payload":...}` compactly, schema first: the schema's
+# text is what comes before `,"payload":` (no JSON parse of the message); other writers' JSON
+# is parsed for it.
+_TEXT, _SCHEMA_KEY, _PAYLOAD_KEY = "CAST(value AS STRING)", '{"schema":', ',"payload":'
+SCHEMA_TEXT = (f"CASE WHEN startswith({_TEXT}, '{_SCHEMA_KEY}{{') AND instr({_TEXT}, '{_PAYLOAD_KEY}') > 0 "
+               f"THEN substring_index({_TEXT}, '{_PAYLOAD_KEY}', 1) "
+               f"ELSE concat('{_SCHEMA_KEY}', get_json_object({_TEXT}, '$.schema')) END")
+
+
+def schema_of(text: str | None) -> dict | None:
+    """The Connect schema of a message whose SCHEMA_TEXT is `text` (None: none, or not JSON)."""
+    try:
+        schema = json.loads(text[len(_SCHEMA_KEY):]) if text else None
+    except ValueError:
+        return None
+    return schema if isinstance(schema, dict) else None
 
 
 def message_schemas(raw: DataFrame, flag: str | None = None) -> tuple[list[tuple[str, dict]], bool]:
@@ -102,11 +117,8 @@ def message_schemas(raw: DataFrame, flag: str | None = None) -> tuple[list[tuple
              .distinct().collect())
     found, flagged = {}, any(row["flagged"] for row in texts)
     for row in texts:
-        try:
-            schema = json.loads(row[_SCHEMA]) if row[_SCHEMA] else None
-        except ValueError:
-            continue
-        if isinstance(schema, dict) and schema.get("type") == "struct":
+        schema = schema_of(row[_SCHEMA])
+        if schema is not None and schema.get("type") == "struct":
             found[row[_SCHEMA]] = schema
     return sorted(found.items(), key=lambda t: t[0]), flagged
 
@@ -121,8 +133,8 @@ def first_schemas(spark, src) -> tuple[dict | None, dict | None]:
             .limit(1).collect())
     if not rows:
         return None, None
-    value, key = (json.loads(t) if t else None for t in (rows[0]["value"], rows[0]["key"]))
-    return value, key
+    key = rows[0]["key"]
+    return schema_of(rows[0]["value"]), json.loads(key) if key else None
 
 
 @dataclass
@@ -159,13 +171,41 @@ def wire_schema(schema: StructType, connect: dict) -> StructType:
                        for f in schema.fields])
 
 
-def in_group(groups: list[SchemaGroup], i: int) -> str:
+def in_group(groups: list[SchemaGroup], i: int, foreign: list[str] = ()) -> str:
     """SQL true for a message of group `i` of `groups`; the first takes the messages of none
-    (without a schema, or not JSON), which its decoding quarantines."""
+    (without a schema, or not JSON), which its decoding quarantines, but those of `foreign`
+    schemas (texts)."""
     if i > 0:
         return f"coalesce({SCHEMA_TEXT} IN ({_listed(groups[i].texts)}), false)"
-    others = [t for g in groups[1:] for t in g.texts]
+    others = [*(t for g in groups[1:] for t in g.texts), *foreign]
     return f"coalesce({SCHEMA_TEXT} NOT IN ({_listed(others)}), true)" if others else "true"
+
+
+def in_any(texts: list[str]) -> str:
+    """SQL true for a message whose Connect schema is one of `texts`."""
+    return f"coalesce({SCHEMA_TEXT} IN ({_listed(texts)}), false)"
+
+
+ENVELOPE_SUFFIX = ".Envelope"
+# A message refused for its schema: the first line of its corrupt-record text (sink.prepare).
+FOREIGN = (f"concat('{CANNOT_DECODE} message: its Connect schema ', "
+           f"coalesce(get_json_object(CAST(value AS STRING), '$.schema.name'), '?'), "
+           f"' is not of a topic the source reads')")
+
+
+def foreign_schemas(schemas: list[tuple[str, dict]], topics: list[str]) -> tuple[list, list[str]]:
+    """`schemas` split into the source's and the texts of other tables': a Debezium envelope
+    is named `<topic>.Envelope`, and one named for a topic the source does not read is another
+    table's (a producer's mistake), whose fields must not widen this table. None are foreign
+    without `topics` (a pattern)."""
+    own, foreign = [], []
+    for text, schema in schemas:
+        name = schema.get("name") or ""
+        if topics and name.endswith(ENVELOPE_SUFFIX) and name.removesuffix(ENVELOPE_SUFFIX) not in topics:
+            foreign.append(text)
+        else:
+            own.append((text, schema))
+    return own, foreign
 
 
 def _listed(texts: list[str]) -> str:
@@ -205,46 +245,56 @@ def check_subscription(topics: list[str], subscribe_pattern: str | None) -> None
 
 
 def decoded(raw: DataFrame, schema: StructType, *, value_format: str, key_schema: str | None,
-            corrupt_column: str | None, connect: dict | None = None, carried: Mapping[str, str] = {}) -> DataFrame:
+            corrupt_column: str | None, connect: dict | None = None, carried: Mapping[str, str] = {},
+            refused: str | None = None) -> DataFrame:
     """The Kafka source's rows (`key`, `value`, `topic`, `partition`, `offset`, ...) as records
     of `schema`, tombstones left out; `corrupt_column` (None: none) is added and set, for a
     message that did not parse, to where it came from and its raw text, and for a value that
     did not decode, to its column, Connect type and raw value first (CANNOT_DECODE). `connect`:
     the messages' Connect schema (merged), by which their values are decoded (None: each value
-    read as `schema` says). `carried`: more columns, by name, as SQL over the Kafka rows."""
+    read as `schema` says). `carried`: more columns, by name, as SQL over the Kafka rows.
+    `refused`: SQL of why every message is refused (the first line of its corrupt-record text)."""
     fields = [f for f in schema.fields if f.name != corrupt_column]
     by_name = {f["field"]: f for f in (connect or {}).get("fields", [])}
     plans = [connect_types.planned(f"{_RECORD}.{quoted_column(f.name)}", f.dataType, by_name.get(f.name), f.name)
              for f in fields]
     wire = [StructField(f.name, p.wire, True) for f, p in zip(fields, plans)]
     record = StructType([*wire, *([StructField(corrupt_column, StringType())] if corrupt_column else [])])
-    options = f"map('columnNameOfCorruptRecord', {sql_string(corrupt_column)})" if corrupt_column else "map()"
+    options = f", map('columnNameOfCorruptRecord', {sql_string(corrupt_column)})" if corrupt_column else ""
     stream = raw.where("value IS NOT NULL").selectExpr("*", f"CAST(value AS STRING) AS {_VALUE}")
     stream = stream.selectExpr("*", f"{_payload(_VALUE, value_format)} AS {_PAYLOAD}")
-    parsed = [f"from_json({_PAYLOAD}, {sql_string(record.simpleString())}, {options}) AS {_RECORD}"]
+    parsed = [f"from_json({_PAYLOAD}, {sql_string(record.simpleString())}{options}) AS {_RECORD}"]
     if key_schema:
         key_type = StructType.fromDDL(key_schema)
         parsed.append(f"from_json({_payload('CAST(key AS STRING)', value_format)}, "
                       f"{sql_string(key_type.simpleString())}) AS {_KEY}")
     stream = stream.selectExpr("*", *parsed)
+    # Each column decoded once, in a projection of its own: its failure checks read it there.
+    stream = stream.selectExpr("*", *(f"{p.sql} AS {_decoded(i)}" for i, p in enumerate(plans)))
     keyed = {f.name for f in StructType.fromDDL(key_schema).fields} if key_schema else set()
     columns = []
-    for f, p in zip(fields, plans):
+    for i, f in enumerate(fields):
         q = quoted_column(f.name)
-        columns.append(f"coalesce({p.sql}, {_KEY}.{q}) AS {q}" if f.name in keyed else f"{p.sql} AS {q}")
+        columns.append(f"coalesce({_decoded(i)}, {_KEY}.{q}) AS {q}" if f.name in keyed else f"{_decoded(i)} AS {q}")
     columns += [f"{_KEY}.{quoted_column(n)} AS {quoted_column(n)}" for n in sorted(keyed - {f.name for f in fields})]
     columns += [f"{sql} AS {quoted_column(name)}" for name, sql in carried.items()]
     if corrupt_column:
         failed = f"{_PAYLOAD} IS NULL OR {_RECORD} IS NULL OR {_RECORD}.{quoted_column(corrupt_column)} IS NOT NULL"
         where = "concat('kafka topic ', topic, ' partition ', partition, ' offset ', offset)"
-        whens = [f"WHEN {failed} THEN concat({where}, ': ', {_VALUE})"]
-        for failure in (x for p in plans for x in p.failures):
+        whens = [f"WHEN true THEN concat({refused}, '\\n', {where}, ': ', {_VALUE})"] if refused else []
+        whens.append(f"WHEN {failed} THEN concat({where}, ': ', {_VALUE})")
+        for i, failure in ((i, x) for i, p in enumerate(plans) for x in p.failures):
             # One line: the reason; the raw value's line breaks would end it early.
             value = f"translate(left({failure.raw}, 200), '\\n\\r', '  ')"
-            whens.append(f"WHEN {failure.failed} THEN concat({sql_string(f'{CANNOT_DECODE} column {failure.path} (')}, "
-                         f"{sql_string(failure.connect)}, ') value ', {value}, '\\n', {where}, ': ', {_VALUE})")
+            reason = sql_string(f"{CANNOT_DECODE} column {failure.path} (")
+            whens.append(f"WHEN {failure.failed_in(_decoded(i))} THEN concat({reason}, {sql_string(failure.connect)}, "
+                         f"') value ', {value}, '\\n', {where}, ': ', {_VALUE})")
         columns.append(f"CASE {' '.join(whens)} END AS {quoted_column(corrupt_column)}")
     return stream.selectExpr(*columns)
+
+
+def _decoded(i: int) -> str:
+    return f"__kafka_decoded_{i}"
 
 
 def lag(end_offset: str | None, latest_offset: str | None) -> dict[tuple[str, int], int]:

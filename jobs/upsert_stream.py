@@ -110,15 +110,15 @@ def kafka_stream(spark, cfg: JobConfig, src: SourceConfig):
 
 
 def kafka_records(raw, cfg: JobConfig, src: SourceConfig, schema: StructType, connect: dict | None = None,
-                  resolve=None):
+                  resolve=None, refused: str | None = None):
     """Kafka rows (a stream, or one batch's) as the sink sees them, their values parsed into
     `schema` (decoded by their Connect schema `connect`, merged, when known). `resolve`: of a
     Debezium envelope's flattened records with their old key (key_changes.OLD_KEY), before
-    `select`."""
+    `select`; `refused`: SQL of why every message goes to quarantine (kafka_source.decoded)."""
     corrupt = cfg.corrupt_record_column if src.corrupt_records else None
     carried = {key_changes.OLD_KEY: key_changes.OLD_KEY_SQL} if resolve else {}
     stream = kafka_source.decoded(raw, schema, value_format=src.value_format, key_schema=src.key_schema,
-                                  corrupt_column=corrupt, connect=connect, carried=carried)
+                                  corrupt_column=corrupt, connect=connect, carried=carried, refused=refused)
     if src.envelope == "debezium":
         stream = selected(stream, debezium_select(schema, tuple(carried)), cfg.corrupt_record_column)
     if resolve:
@@ -194,6 +194,8 @@ class DecodedPerBatch:
         cfg = self.sink.config
         moves = self.src.envelope == "debezium" and cfg.unchanged_value is not None
         schemas, moved = kafka_source.message_schemas(raw, key_changes.flag_sql(cfg.unchanged_value) if moves else None)
+        schemas, foreign = kafka_source.foreign_schemas(schemas, self.src.topics) \
+            if self.src.envelope == "debezium" else (schemas, [])
         groups = kafka_source.schema_groups(schemas)
         resolve = functools.partial(key_changes.resolved, key=cfg.key, ordering=cfg.ordering_columns[0],
                                     placeholder=cfg.unchanged_value, table_uri=cfg.table_uri) if moved else None
@@ -207,9 +209,12 @@ class DecodedPerBatch:
         if len(groups) > 1:
             log.info("%s: batch %d's messages decode a column in %d ways (its type changed at the source): each "
                      "group is decoded by its own schemas", self.sink.writer_id, batch_id, len(groups))
-        parts = [kafka_records(raw.where(kafka_source.in_group(groups, i)), self.cfg, self.src, self.schema,
-                               g.merged, resolve) for i, g in enumerate(groups)] or \
-            [kafka_records(raw, self.cfg, self.src, self.schema)]
+        parts = [kafka_records(raw.where(kafka_source.in_group(groups, i, foreign)), self.cfg, self.src, self.schema,
+                               g.merged, resolve) for i, g in enumerate(groups)]
+        if foreign:  # another table's messages: quarantined, their fields not this table's
+            parts.append(kafka_records(raw.where(kafka_source.in_any(foreign)), self.cfg, self.src, self.schema,
+                                       refused=kafka_source.FOREIGN))
+        parts = parts or [kafka_records(raw, self.cfg, self.src, self.schema)]
         self.sink(functools.reduce(lambda a, b: a.unionByName(b), parts), batch_id)
 
 

@@ -1,11 +1,14 @@
 """The ready job on Kafka topics of a real broker: JSON records and Debezium envelopes produced
 with a Kafka client, read by Spark's Kafka connector, equal to the oracle."""
 
+import base64
+import datetime as dt
 import json
 import re
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -301,3 +304,58 @@ def test_the_job_through_spark_connect_logs_its_kafka_lag(kafka_broker, tmp_path
     assert re.search(rf"kafka lag \S+ after batch \d+: 0 offsets behind \({topic}\[0\]=0, {topic}\[1\]=0\)",
                      done.stderr), done.stderr[-3000:]
     assert table_rows(str(tmp_path / "data" / "table"), ["id", "dt", "ts", "op", "v"]) == expected_rows([events])
+
+
+def connect_event(topic: str, row: dict, lsn: int, fields: list[dict]) -> bytes:
+    """A Debezium create as the JSON converter writes it, with its full Connect schema."""
+    value = {"type": "struct", "optional": True, "name": f"{topic}.Value", "fields": fields}
+    envelope = {"type": "struct", "name": f"{topic}.Envelope", "fields": [
+        {**value, "field": "before"}, {**value, "field": "after"}, {"type": "string", "field": "op"},
+        {"type": "struct", "field": "source", "fields": [{"type": "int64", "field": "lsn"}]}]}
+    payload = {"before": None, "after": row, "op": "c", "source": {"lsn": lsn}}
+    return json.dumps({"schema": envelope, "payload": payload}).encode()
+
+
+def connect_key(topic: str, key: int) -> bytes:
+    schema = {"type": "struct", "name": f"{topic}.Key", "fields": [{"type": "int32", "field": "id"}]}
+    return json.dumps({"schema": schema, "payload": {"id": key}}).encode()
+
+
+def test_a_value_that_does_not_decode_and_another_tables_message_are_quarantined_and_the_rest_applied(
+        spark, kafka_broker, tmp_path):
+    """No schema and no key in the config: Debezium creates whose amounts are Connect Decimals;
+    one amount's bytes are not base64, one message carries another table's schema (and a
+    field of its own). Both go to quarantine with their reason; every other row is written,
+    decoded, and the other table's field never reaches this one."""
+    topic = "produced.public.items"
+    create_topic(kafka_broker, topic, partitions=2)
+    fields = [{"type": "int32", "field": "id"}, {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+                                                 "parameters": {"scale": "2", "connect.decimal.precision": "9"},
+                                                 "field": "amount"},
+              {"type": "int32", "name": "io.debezium.time.Date", "field": "day"}]
+    rows = [{"id": i, "amount": base64.b64encode((i * 1001 - 5000).to_bytes(4, "big", signed=True)).decode(),
+             "day": i - 3} for i in range(8)]
+    messages = [(connect_key(topic, r["id"]), connect_event(topic, r, 10 + r["id"], fields)) for r in rows]
+    messages.append((connect_key(topic, 50), connect_event(topic, {"id": 50, "amount": "not base64!", "day": 1}, 60,
+                                                           fields)))
+    other = "produced.public.other"
+    messages.append((connect_key(other, 51), connect_event(other, {"id": 51, "sku": "x"}, 61,
+                                                           [{"type": "int32", "field": "id"},
+                                                            {"type": "string", "field": "sku"}])))
+    produce(kafka_broker, topic, messages)
+    conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "lsn"',
+                      source='envelope = "debezium"\nvalue_format = "json-with-schema"')
+    conf.write_text(conf.read_text().replace('key = ["id"]\n', ""))
+    (sink,) = run(str(conf), once=True)
+    assert sink.config.key == ["id"]
+    uri = str(tmp_path / "data" / "table")
+    table = DeltaTable(uri)
+    assert "sku" not in [f.name for f in table.schema().fields]
+    got = sorted(table.to_pyarrow_table(columns=["id", "amount", "day"]).to_pylist(), key=lambda r: r["id"])
+    assert got == [{"id": i, "amount": Decimal(i * 1001 - 5000).scaleb(-2), "day": dt.date(1970, 1, 1)
+                    + dt.timedelta(days=i - 3)} for i in range(8)]
+    reasons = sorted(r for _, r in quarantined(uri))
+    decimal = "bytes org.apache.kafka.connect.data.Decimal(connect.decimal.precision=9, scale=2)"
+    assert reasons == [f"corrupt record: cannot decode column after.amount ({decimal}) value not base64!",
+                       f"corrupt record: cannot decode message: its Connect schema {other}.Envelope is not of a "
+                       "topic the source reads"]
