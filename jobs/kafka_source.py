@@ -39,8 +39,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from typing import NamedTuple
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.types import StringType, StructField, StructType
 
@@ -108,19 +110,29 @@ def schema_of(text: str | None) -> dict | None:
     return schema if isinstance(schema, dict) else None
 
 
-def message_schemas(raw: DataFrame, flag: str | None = None) -> tuple[list[tuple[str, dict]], bool]:
+class BatchSchemas(NamedTuple):
+    """A batch's distinct Connect schemas (text, schema), whether its flag held for a message,
+    and how many messages carry each schema (by text)."""
+
+    schemas: list[tuple[str, dict]]
+    flagged: bool
+    counts: dict[str, int]
+
+
+def message_schemas(raw: DataFrame, flag: str | None = None) -> BatchSchemas:
     """The distinct Connect schemas of a batch's messages (Kafka rows, the JSON converter's
     wrapper), structs only, each with its text, and whether SQL `flag` holds for any message:
-    one more pass over the batch, returning only its distinct schemas (and flags). A message
-    without one adds nothing (its decoding sends it to quarantine)."""
+    one more pass over the batch, returning only its distinct schemas (with counts and flags).
+    A message without one adds nothing (its decoding sends it to quarantine)."""
     texts = (raw.where("value IS NOT NULL").selectExpr(f"{SCHEMA_TEXT} AS {_SCHEMA}", f"{flag or 'false'} AS flagged")
-             .distinct().collect())
+             .groupBy(_SCHEMA).agg(F.count("*").alias("n"), F.max("flagged").alias("flagged")).collect())
     found, flagged = {}, any(row["flagged"] for row in texts)
     for row in texts:
         schema = schema_of(row[_SCHEMA])
         if schema is not None and schema.get("type") == "struct":
             found[row[_SCHEMA]] = schema
-    return sorted(found.items(), key=lambda t: t[0]), flagged
+    return BatchSchemas(sorted(found.items(), key=lambda t: t[0]), flagged,
+                        {row[_SCHEMA]: row["n"] for row in texts if row[_SCHEMA] in found})
 
 
 def first_schemas(spark, src) -> tuple[dict | None, dict | None]:
@@ -186,22 +198,31 @@ def in_any(texts: list[str]) -> str:
     return f"coalesce({SCHEMA_TEXT} IN ({_listed(texts)}), false)"
 
 
-ENVELOPE_SUFFIX = ".Envelope"
-# A message refused for its schema: the first line of its corrupt-record text (sink.prepare).
-FOREIGN = (f"concat('{CANNOT_DECODE} message: its Connect schema ', "
-           f"coalesce(get_json_object(CAST(value AS STRING), '$.schema.name'), '?'), "
-           f"' is not of a topic the source reads')")
+def foreign(envelope: str) -> str:
+    """SQL of why a message of another table's schema is refused: the first line of its
+    corrupt-record text (sink.prepare)."""
+    return (f"concat('{CANNOT_DECODE} message: its Connect schema ', "
+            f"coalesce(get_json_object(CAST(value AS STRING), '$.schema.name'), '?'), "
+            f"' is of another table than ', {sql_string(envelope)})")
 
 
-def foreign_schemas(schemas: list[tuple[str, dict]], topics: list[str]) -> tuple[list, list[str]]:
-    """`schemas` split into the source's and the texts of other tables': a Debezium envelope
-    is named `<topic>.Envelope`, and one named for a topic the source does not read is another
-    table's (a producer's mistake), whose fields must not widen this table. None are foreign
-    without `topics` (a pattern)."""
+def table_envelope(batch: BatchSchemas) -> str | None:
+    """The name of the Connect schema most of a batch's messages carry: the table's own (a
+    Debezium envelope, `<server>.<schema>.<table>.Envelope`), which later batches hold on to."""
+    names: dict[str, int] = {}
+    for text, schema in batch.schemas:
+        if schema.get("name"):
+            names[schema["name"]] = names.get(schema["name"], 0) + batch.counts.get(text, 0)
+    return min(names, key=lambda n: (-names[n], n)) if names else None
+
+
+def foreign_schemas(schemas: list[tuple[str, dict]], envelope: str | None) -> tuple[list, list[str]]:
+    """`schemas` split into the table's and the texts of other tables': a schema named other
+    than the table's `envelope` is another table's (a producer's mistake, or a topic shared by
+    two tables), whose fields must not widen this table."""
     own, foreign = [], []
     for text, schema in schemas:
-        name = schema.get("name") or ""
-        if topics and name.endswith(ENVELOPE_SUFFIX) and name.removesuffix(ENVELOPE_SUFFIX) not in topics:
+        if envelope is not None and schema.get("name") not in (None, envelope):
             foreign.append(text)
         else:
             own.append((text, schema))

@@ -185,17 +185,24 @@ class DecodedPerBatch:
     Connect schemas its messages carry, parsed with the source's schema (widened by their
     fields under `schema_from_messages`: for a Debezium envelope, within `before` and
     `after`), then handed to the sink, which adds the new columns. A widened schema is kept
-    for later batches, so a column keeps the type it first got."""
+    for later batches, so a column keeps the type it first got. A Debezium envelope named
+    other than the one most of the first batch's messages carry is another table's: its
+    messages go to quarantine."""
 
     def __init__(self, sink: UpsertSink, cfg: JobConfig, src: SourceConfig, schema: StructType):
         self.sink, self.cfg, self.src, self.schema = sink, cfg, src, schema
+        self.envelope: str | None = None  # the name of the table's Debezium envelope schema, once seen
 
     def __call__(self, raw, batch_id: int) -> None:
         cfg = self.sink.config
         moves = self.src.envelope == "debezium" and cfg.unchanged_value is not None
-        schemas, moved = kafka_source.message_schemas(raw, key_changes.flag_sql(cfg.unchanged_value) if moves else None)
-        schemas, foreign = kafka_source.foreign_schemas(schemas, self.src.topics) \
-            if self.src.envelope == "debezium" else (schemas, [])
+        batch = kafka_source.message_schemas(raw, key_changes.flag_sql(cfg.unchanged_value) if moves else None)
+        schemas, moved = batch.schemas, batch.flagged
+        if self.src.envelope == "debezium":
+            self.envelope = self.envelope or kafka_source.table_envelope(batch)
+            schemas, foreign = kafka_source.foreign_schemas(schemas, self.envelope)
+        else:
+            foreign = []
         groups = kafka_source.schema_groups(schemas)
         resolve = functools.partial(key_changes.resolved, key=cfg.key, ordering=cfg.ordering_columns[0],
                                     placeholder=cfg.unchanged_value, table_uri=cfg.table_uri) if moved else None
@@ -210,11 +217,12 @@ class DecodedPerBatch:
             log.info("%s: batch %d's messages decode a column in %d ways (its type changed at the source): each "
                      "group is decoded by its own schemas", self.sink.writer_id, batch_id, len(groups))
         parts = [kafka_records(raw.where(kafka_source.in_group(groups, i, foreign)), self.cfg, self.src, self.schema,
-                               g.merged, resolve) for i, g in enumerate(groups)]
+                               g.merged, resolve) for i, g in enumerate(groups)] or \
+            [kafka_records(raw.where(f"NOT {kafka_source.in_any(foreign)}") if foreign else raw, self.cfg, self.src,
+                           self.schema)]
         if foreign:  # another table's messages: quarantined, their fields not this table's
             parts.append(kafka_records(raw.where(kafka_source.in_any(foreign)), self.cfg, self.src, self.schema,
-                                       refused=kafka_source.FOREIGN))
-        parts = parts or [kafka_records(raw, self.cfg, self.src, self.schema)]
+                                       refused=kafka_source.foreign(self.envelope)))
         self.sink(functools.reduce(lambda a, b: a.unionByName(b), parts), batch_id)
 
 
@@ -222,7 +230,8 @@ class DecodedPerBatch:
 POLL_SECONDS = 5
 
 
-def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str], schema: StructType) -> SinkConfig:
+def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str],
+                 schema: StructType | None = None) -> SinkConfig:
     """A Debezium table's config: Debezium's placeholder for a value it did not receive
     (PostgreSQL's unchanged TOAST values under REPLICA IDENTITY DEFAULT) is its `unchanged_value`,
     so an update keeps the stored value. Where nothing stored can stand in, the records holding
@@ -230,13 +239,13 @@ def for_debezium(sink: SinkConfig, src: SourceConfig, columns: list[str], schema
     placeholder for its old key's value), and every event of a history table (scd_type = 2) or
     of a stream without `op`, where creates cannot be told apart. Its freshness is measured
     from the envelope's `ts_ms` unless `freshness_column` says otherwise. `schema`: the
-    envelope's, as the job reads it."""
+    envelope's, as the job reads it (default: as `src` declares it)."""
     if src.envelope != "debezium":
         return sink
     changes = {}
     if sink.unchanged_value is None:
         keeps = sink.scd_type != 2 and "op" in columns
-        guard = unavailable_guard(schema, columns, ("c", "r") if keeps else ())
+        guard = unavailable_guard(schema or declared_schema(src), columns, ("c", "r") if keeps else ())
         if keeps:
             changes["unchanged_value"] = UNAVAILABLE_VALUE
         if guard:

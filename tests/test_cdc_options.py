@@ -315,8 +315,28 @@ def test_unchanged_values_stay_when_a_global_key_moves(spark, tmp_path, tag_on):
 
 
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
-def test_an_unchanged_value_for_a_key_the_table_lacks_fails_the_batch_and_writes_nothing(spark, tmp_path, tag_on):
+def test_an_unchanged_value_for_a_key_the_table_lacks_is_set_aside_and_the_rest_applied(spark, tmp_path, tag_on):
+    """unsent_values = "quarantine", the default: the record goes to quarantine naming key and
+    column, its shard's other records are written, and the metrics count it once."""
     cfg = toasted_config(tmp_path, tag_on=tag_on)
+    sink = UpsertSink(cfg)
+    sink(spark.createDataFrame([(1, 9.5, "long text 1", "n1", 1)], TOASTED), 0)
+    sink(spark.createDataFrame([(1, 10.0, UNAVAILABLE, "n1b", 2), (9, 1.0, UNAVAILABLE, "n9", 1),
+                                (5, 2.0, "long text 5", "n5", 1)], TOASTED), 1)
+    assert rows_of(cfg.table_uri) == [(1, 10.0, "long text 1", "n1b", 2), (5, 2.0, "long text 5", "n5", 1)]
+    quarantined = DeltaTable(sink.config.resolved_quarantine_uri).to_pyarrow_table().to_pylist()
+    assert [(r["k"], r["_quarantine_reason"]) for r in quarantined] == [
+        (9, f"unsent value: column 'title' holds unchanged_value '{UNAVAILABLE}' (the source did not send it), and "
+            "no stored row of key {'k': 9} is there to keep it from (the key is new to the table, or deleted earlier "
+            "in the batch)")]
+    report = sink.reports[-1]
+    assert (report.records_in, report.ops["quarantined"], report.ops["insert"], report.ops["update"]) == (3, 1, 1, 1)
+    assert report.hits + report.misses == 2  # the set-aside record's lookup is not counted
+
+
+@pytest.mark.parametrize("tag_on", ["driver", "executors"])
+def test_an_unchanged_value_for_a_key_the_table_lacks_fails_the_batch_and_writes_nothing(spark, tmp_path, tag_on):
+    cfg = toasted_config(tmp_path, tag_on=tag_on, unsent_values="fail")
     sink = UpsertSink(cfg)
     sink(spark.createDataFrame([(1, 9.5, "long text 1", "n1", 1)], TOASTED), 0)
     before = DeltaTable(cfg.table_uri).version()

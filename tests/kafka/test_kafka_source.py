@@ -357,5 +357,5 @@ def test_a_value_that_does_not_decode_and_another_tables_message_are_quarantined
     reasons = sorted(r for _, r in quarantined(uri))
     decimal = "bytes org.apache.kafka.connect.data.Decimal(connect.decimal.precision=9, scale=2)"
     assert reasons == [f"corrupt record: cannot decode column after.amount ({decimal}) value not base64!",
-                       f"corrupt record: cannot decode message: its Connect schema {other}.Envelope is not of a "
-                       "topic the source reads"]
+                       f"corrupt record: cannot decode message: its Connect schema {other}.Envelope is of another "
+                       f"table than {topic}.Envelope"]
