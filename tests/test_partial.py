@@ -15,20 +15,25 @@ VALUES = ["a", "b"]
 MARKER = "__debezium_unavailable_value"
 
 
-def fold(records, stored, **options):
+def tagged(records, stored):
     """records: (key, ordering, is_delete, a, b) in arrival order; stored: key -> (ordering, a, b)
-    of live rows. Returns each record's (write, partial, a, b) after tagging and folding
-    (`options`: fold_nulls' nulls_kept and unchanged)."""
+    of live rows. The records as rows, their keys, orderings and arrivals, and their tags."""
     index = {k: Entry(o).pack() for k, (o, _, _) in stored.items()}
     n = len(records)
     keys = pa.array([r[0] for r in records], pa.string())
-    pids = pa.array([P] * n, pa.string())
     orderings = pa.array([r[1] for r in records], pa.int64())
     arrivals = pa.array(range(n), pa.int64())
-    result = tag(keys, pids, orderings, pa.array([r[2] for r in records]), arrivals,
+    result = tag(keys, pa.array([P] * n, pa.string()), orderings, pa.array([r[2] for r in records]), arrivals,
                  lambda pid, ks: [index.get(k.decode()) for k in ks])
     rows = pa.table({"k": keys, "a": pa.array([r[3] for r in records], pa.int64()),
                      "b": pa.array([r[4] for r in records], pa.string())})
+    return rows, keys, orderings, arrivals, result
+
+
+def fold(records, stored, **options):
+    """Each record's (write, partial, a, b) after tagging and folding (`tagged`'s records and
+    stored rows; `options`: fold_nulls' nulls_kept and unchanged)."""
+    rows, keys, orderings, arrivals, result = tagged(records, stored)
     rows, partial = fold_nulls(rows, VALUES, keys, [orderings], arrivals, result.op, result.write, **options)
     return list(zip(result.write.to_pylist(), partial.to_pylist(), rows.column("a").to_pylist(),
                     rows.column("b").to_pylist()))
@@ -162,13 +167,7 @@ def test_random_batches_with_unchanged_values_equal_records_applied_one_by_one(n
 
 def set_aside(records, stored, nulls_kept):
     """unsent_records of a batch: which records it sets aside, and their reasons."""
-    index = {k: Entry(o).pack() for k, (o, _, _) in stored.items()}
-    keys = pa.array([r[0] for r in records], pa.string())
-    orderings, arrivals = pa.array([r[1] for r in records], pa.int64()), pa.array(range(len(records)), pa.int64())
-    result = tag(keys, pa.array([P] * len(records)), orderings, pa.array([r[2] for r in records]), arrivals,
-                 lambda pid, ks: [index.get(k.decode()) for k in ks])
-    rows = pa.table({"k": keys, "a": pa.array([r[3] for r in records], pa.int64()),
-                     "b": pa.array([r[4] for r in records], pa.string())})
+    rows, keys, orderings, arrivals, result = tagged(records, stored)
     return unsent_records(rows, VALUES, keys, [orderings], arrivals, result.op, result.write, nulls_kept=nulls_kept,
                           unchanged=MARKER, key_cols=["k"])
 
