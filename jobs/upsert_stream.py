@@ -119,17 +119,17 @@ def kafka_records(raw, cfg: JobConfig, src: SourceConfig, schema: StructType, co
     carried = {key_changes.OLD_KEY: key_changes.OLD_KEY_SQL} if resolve else {}
     stream = kafka_source.decoded(raw, schema, value_format=src.value_format, key_schema=src.key_schema,
                                   corrupt_column=corrupt, connect=connect, carried=carried, refused=refused)
+    return flattened(stream, cfg, src, schema, resolve)
+
+
+def flattened(stream, cfg: JobConfig, src: SourceConfig, schema: StructType, resolve=None):
+    """Records read with `schema`: their envelope flattened, then selected (`resolve`: of the
+    flattened records with their old key, key_changes.OLD_KEY, which it drops)."""
     if src.envelope == "debezium":
-        stream = selected(stream, debezium_select(schema, tuple(carried)), cfg.corrupt_record_column)
+        carried = (key_changes.OLD_KEY,) if resolve else ()
+        stream = selected(stream, debezium_select(schema, carried), cfg.corrupt_record_column)
     if resolve:
         stream = resolve(stream).drop(key_changes.OLD_KEY)
-    return selected(stream, src.select, cfg.corrupt_record_column)
-
-
-def flattened(stream, cfg: JobConfig, src: SourceConfig, schema: StructType):
-    """Records read with `schema`: their envelope flattened, then selected."""
-    if src.envelope == "debezium":
-        stream = selected(stream, debezium_select(schema), cfg.corrupt_record_column)
     return selected(stream, src.select, cfg.corrupt_record_column)
 
 
