@@ -1,5 +1,6 @@
 """The ready job's config: the sink's `[sink]` table (or several `[[sink]]` tables, each
-table fed from the one source by a query of its own) plus `[source]` and `[job]`."""
+table fed from the one source by a query of its own), or `[mirror]` (a table per topic:
+jobs.mirror), or both, plus `[source]` and `[job]`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from jobs import kafka_source
 from jobs.envelopes import ENVELOPES
+from jobs.mirror import SAMPLE_TOPIC, MirrorConfig
 from jobs.supervisor import Backoff
 from sink.config import SINK_SOURCE, SinkConfig, read_toml, sink_tables, without_source
 from sink.errors import ConfigError
@@ -199,28 +201,41 @@ class JobConfig:
     # schema of its own, say).
     sources: list[SourceConfig]
     job: JobSettings
+    # A table per topic `[source]`'s subscribe_pattern matches, but those `sinks` read.
+    mirror: MirrorConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.mirror is not None:
+            shared = [src.name for src in self.sources if not src.topics]
+            if shared:
+                raise ConfigError(f"with [mirror], each [[sink]] names its topics in [sink.source] (topics = [...]): "
+                                  f"{shared} would read the topics the mirror makes tables of")
         for name in ("table_uri", "checkpoint_dir"):
             values = [getattr(s, name) for s in self.sinks]
             repeated = sorted({v for v in values if v is not None and values.count(v) > 1})
             if repeated:
                 raise ConfigError(f"[[sink]] tables share {name} {repeated}: each table needs its own table_uri "
                                   "and its own checkpoint_dir (its query's checkpoint, and so its writer id)")
-        columns = {s.corrupt_record_column for s in self.sinks}
+        columns = {s.corrupt_record_column for s in self.tables}
         if len(columns) > 1:
             raise ConfigError(f"[[sink]] tables name different corrupt_record_column values {sorted(columns)}: the "
                               "one source is read with one corrupt-record column; name the same in every table")
 
     @property
+    def tables(self) -> list[SinkConfig]:
+        """The `[[sink]]` tables, and the mirror's as a topic's table would be."""
+        return [*self.sinks, *([self.mirror.table(SAMPLE_TOPIC)[0]] if self.mirror else [])]
+
+    @property
     def source(self) -> SourceConfig:
-        """The first table's source: every table's where none has a `[sink.source]`."""
-        return self.sources[0]
+        """The first table's source: every table's where none has a `[sink.source]` (the
+        mirror's `[source]` where it has no [[sink]])."""
+        return self.sources[0] if self.sources else self.mirror.source
 
     @property
     def corrupt_record_column(self) -> str:
         """The source's corrupt-record column, the one every sink quarantines on."""
-        return self.sinks[0].corrupt_record_column
+        return self.tables[0].corrupt_record_column
 
 
 # The key of a table whose config leaves it to the messages (a Debezium table read with its
@@ -232,12 +247,12 @@ def load_job_config(path: str | Path) -> JobConfig:
     path = Path(path)
     base = path.resolve().parent
     doc = read_toml(path)
-    sinks = sink_tables(doc, path)
+    sinks = sink_tables(doc, path) if "sink" in doc or "mirror" not in doc else []
     if "source" not in doc:
         raise ConfigError(f"{path}: no [source] table")
     source = dict(doc["source"])
     overrides = [s.get(SINK_SOURCE, {}) for s in sinks]
-    sources = [_source({**source, **o}, base, f"source (with [sink.source] of table {i})" if o else "source")
+    sources = [_source(_over(source, o), base, f"source (with [sink.source] of table {i})" if o else "source")
                for i, o in enumerate(overrides)]
     keyed = [s if "key" in s or not src.keys_from_messages else {**s, "key": [KEY_FROM_MESSAGES]}
              for s, src in zip(sinks, sources)]
@@ -245,7 +260,23 @@ def load_job_config(path: str | Path) -> JobConfig:
         sinks=[SinkConfig.from_dict(without_source(s), base_dir=base) for s in keyed],
         sources=sources,
         job=_build(JobSettings, doc.get("job", {}), "job"),
+        mirror=_mirror(doc["mirror"], _source(source, base, "source"), base) if "mirror" in doc else None,
     )
+
+
+def _over(source: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
+    """`[source]` with a table's `[sink.source]` over it: the table's topics replace the
+    source's subscribe_pattern, and the other way round."""
+    dropped = {"subscribe_pattern"} if "topics" in table else {"topics"} if "subscribe_pattern" in table else set()
+    return {**{k: v for k, v in source.items() if k not in dropped}, **table}
+
+
+def _mirror(values: Any, source: SourceConfig, base: Path) -> MirrorConfig:
+    if not isinstance(values, dict):
+        raise ConfigError("[mirror] must be a table of sink keys (table_uri a location template) and discover_seconds")
+    values = dict(values)
+    seconds = values.pop("discover_seconds", MirrorConfig.discover_seconds)
+    return MirrorConfig(values, source, base, KEY_FROM_MESSAGES, discover_seconds=seconds)
 
 
 def _source(values: dict[str, Any], base: Path, table: str) -> SourceConfig:

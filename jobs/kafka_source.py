@@ -334,10 +334,13 @@ def lag(end_offset: str | None, latest_offset: str | None) -> dict[tuple[str, in
 
 class KafkaLag(StreamingQueryListener):
     """After each batch of a query reading Kafka: its offsets behind per topic-partition, as
-    `upsert_sink_kafka_lag` and a log line (`writers`: each query's name to its sink's writer id)."""
+    `upsert_sink_kafka_lag` and a log line (each query `watch`ed: its name to its sink's writer id)."""
 
-    def __init__(self, writers: dict[str, str]):
-        self._writers = writers
+    def __init__(self):
+        self._writers: dict[str, str] = {}
+
+    def watch(self, query_name: str, writer_id: str) -> None:
+        self._writers[query_name] = writer_id
 
     def onQueryProgress(self, event) -> None:
         publish_lag(self._writers.get(event.progress.name), event.progress)
@@ -353,20 +356,19 @@ class KafkaLag(StreamingQueryListener):
 
 
 class ProgressPoll:
-    """Each query's latest progress, once per batch, as its Kafka lag (`writers`: the queries'
-    sinks' writer ids, in the queries' order): Spark Connect's way, where the client reads
-    `lastProgress` instead of listening."""
+    """Each query's latest progress, once per batch, as its Kafka lag: Spark Connect's way,
+    where the client reads `lastProgress` instead of listening. Called with the job's tables
+    (jobs.supervisor.Table: a writer id and its query)."""
 
-    def __init__(self, writers: list[str]):
-        self._writers = writers
+    def __init__(self):
         self._published: dict[str, int] = {}
 
-    def __call__(self, queries) -> None:
-        for writer_id, query in zip(self._writers, queries):
-            progress = query.lastProgress if query is not None else None
-            if progress is not None and self._published.get(writer_id) != progress.batchId:
-                self._published[writer_id] = progress.batchId
-                publish_lag(writer_id, progress)
+    def __call__(self, tables) -> None:
+        for table in tables:
+            progress = table.query.lastProgress if table.query is not None else None
+            if progress is not None and self._published.get(table.writer_id) != progress.batchId:
+                self._published[table.writer_id] = progress.batchId
+                publish_lag(table.writer_id, progress)
 
 
 def publish_lag(writer_id: str | None, progress) -> None:

@@ -2,7 +2,8 @@
 (`upsert_sink_query_failures_total`) and started again after a backoff that doubles up to a
 bound, while the other tables' queries go on. A table whose query failed `max_restarts` times
 in a row (a run that committed a batch starts the count again) stays stopped; the job ends
-with `TablesFailedError` naming it once the others have ended."""
+with `TablesFailedError` naming it once the others have ended. A `Discovery` (the mirror's)
+adds tables as they come: at start, then every `every` seconds."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sink.errors import SinkError
 from sink.ops import metrics
@@ -55,24 +57,43 @@ class Table:
         return progress is not None and progress.batchId > self.batches_seen
 
 
+class Discovery(Protocol):
+    """Tables that come while the job runs (jobs.mirror.MirrorDiscovery): each call returns the
+    new ones; `refused` names what could not be made a table, and why; `every`: seconds
+    between calls (None: once, at start; no more calls once it is None)."""
+
+    every: float | None
+    refused: dict[str, str]
+
+    def __call__(self) -> list[Table]: ...
+
+
 def supervise(streams, tables: list[Table], backoff: Backoff, *, poll_seconds: float,
-              polled: Callable[[list], None] | None = None) -> None:
-    """Start `tables`' queries and keep them running until each has ended (or failed for good);
-    `streams`: the session's StreamingQueryManager. `polled(queries)`: called at least every
-    `poll_seconds` while they run. TablesFailedError when a table failed for good."""
+              polled: Callable[[list[Table]], None] | None = None, discovery: Discovery | None = None) -> None:
+    """Start `tables`' queries (with those `discovery` adds, appended to `tables`) and keep
+    them running until each has ended (or failed for good); `streams`: the session's
+    StreamingQueryManager. `polled(tables)`: called at least every `poll_seconds` while they
+    run. TablesFailedError when a table failed for good, or a discovered one was refused."""
+    tables.extend(discovery() if discovery is not None else [])
     for table in tables:
         table.query = table.start()
+    look_at = time.monotonic() + discovery.every if discovery is not None and discovery.every else None
     while True:
         now = time.monotonic()
+        if look_at is not None and look_at <= now:
+            for table in discovery():
+                table.query = table.start()
+                tables.append(table)
+            look_at = now + discovery.every if discovery.every else None
         for table in tables:
             if table.restart_at is not None and table.restart_at <= now:
                 log.info("%s: restarting its query (failure %d in a row)", table.name, table.failures)
                 table.restart_at, table.query = None, table.start()
         running = [t for t in tables if not t.ended and t.restart_at is None]
         waiting = [t.restart_at for t in tables if t.restart_at is not None]
-        if not running and not waiting:
+        if not running and not waiting and look_at is None:
             break
-        timeout = max(0.01, min([poll_seconds, *(at - now for at in waiting)]))  # Spark takes > 0 only
+        timeout = max(0.01, min([poll_seconds, *(at - now for at in [*waiting, *filter(None, [look_at])])]))
         try:
             streams.awaitAnyTermination(timeout)
         except Exception:  # noqa: BLE001 - a query failed: which one, and why, comes from the query itself
@@ -82,11 +103,11 @@ def supervise(streams, tables: list[Table], backoff: Backoff, *, poll_seconds: f
             if not table.query.isActive:
                 _ended(table, backoff)
         if polled is not None:
-            polled([t.query for t in tables])
-    failed = [t for t in tables if t.error is not None]
+            polled(tables)
+    failed = [f"{t.name} stopped after {t.failures} failures in a row: {t.error}" for t in tables if t.error]
+    failed += [f"{name} got no table: {error}" for name, error in (discovery.refused if discovery else {}).items()]
     if failed:
-        raise TablesFailedError("; ".join(f"{t.name} stopped after {t.failures} failures in a row: {t.error}"
-                                          for t in failed))
+        raise TablesFailedError("; ".join(failed))
 
 
 def summary(error: BaseException) -> str:

@@ -25,6 +25,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType  # n
 from jobs import connect_types, kafka_source, key_changes  # noqa: E402
 from jobs.envelopes import DEBEZIUM_COLUMNS, UNAVAILABLE_VALUE, debezium_select, unavailable_guard  # noqa: E402
 from jobs.job_config import KEY_FROM_MESSAGES, JobConfig, SourceConfig, load_job_config  # noqa: E402
+from jobs.mirror import MirrorDiscovery, NoMessageError, kafka_topics  # noqa: E402
 from jobs.spark_session import spark_session  # noqa: E402
 from jobs.supervisor import Table, supervise  # noqa: E402
 from sink import SinkConfig, UpsertSink  # noqa: E402
@@ -165,9 +166,9 @@ def resolved(spark, cfg: JobConfig, sink: SinkConfig, src: SourceConfig) -> tupl
         return sink, schema
     value, key = kafka_source.first_schemas(spark, src)
     if value is None:
-        raise ConfigError(f"{src.name} holds no message yet, and the table {sink.table_uri} leaves its key and columns "
-                          "to the messages: set key, and the key's columns in source.schema, or start the job once the "
-                          "topic has a message")
+        raise NoMessageError(f"{src.name} holds no message yet, and the table {sink.table_uri} leaves its key and "
+                             "columns to the messages: set key, and the key's columns in source.schema, or start the "
+                             "job once the topic has a message")
     schema = kafka_source.widened(schema, connect_types.connect_type(value), ("before", "after"))
     if unkeyed:
         fields = [f.get("field") for f in (key or {}).get("fields", [])]
@@ -281,8 +282,18 @@ def _started(stream, cfg: JobConfig, sink: UpsertSink, once: bool, trigger_secon
     return query
 
 
+def table_query(spark, cfg: JobConfig, sink: SinkConfig, src: SourceConfig, once: bool,
+                trigger_seconds: int | None) -> tuple[UpsertSink, Table]:
+    """A table's sink, and its query as the supervisor starts it (not started yet)."""
+    sink, schema = resolved(spark, cfg, sink, src)
+    stream = source_stream(spark, cfg, src, schema)
+    upsert = UpsertSink(for_debezium(sink, src, stream.columns, schema))
+    return upsert, Table(upsert.config.table_uri, upsert.writer_id,
+                         functools.partial(_started, stream, cfg, upsert, once, trigger_seconds, src, schema))
+
+
 def query_name(cfg: JobConfig, sink: SinkConfig) -> str:
-    return cfg.job.app_name if len(cfg.sinks) == 1 else f"{cfg.job.app_name}:{sink.table_uri}"
+    return cfg.job.app_name if len(cfg.sinks) == 1 and not cfg.mirror else f"{cfg.job.app_name}:{sink.table_uri}"
 
 
 def run(config_path: str, once: bool, trigger_seconds: int | None = None, master: str | None = None,
@@ -301,10 +312,10 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     and catalog (where this process starts Spark: spark-submit's `--packages` and `--conf`
     otherwise)."""
     cfg = load_job_config(config_path)
-    if metrics_port is not None:
-        cfg.sinks = [dataclasses.replace(s, metrics_port=metrics_port) for s in cfg.sinks]
-    if engine is not None:
-        cfg.sinks = [dataclasses.replace(s, engine=engine) for s in cfg.sinks]
+    overrides = {k: v for k, v in (("metrics_port", metrics_port), ("engine", engine)) if v is not None}
+    cfg.sinks = [dataclasses.replace(s, **overrides) for s in cfg.sinks]
+    if cfg.mirror and overrides:
+        cfg.mirror = dataclasses.replace(cfg.mirror, sink={**cfg.mirror.sink, **overrides})
     unset = [s.table_uri for s in cfg.sinks if not s.checkpoint_dir]
     if unset:
         raise SystemExit(f"set checkpoint_dir for {unset} in the config: each table's query needs a checkpoint "
@@ -314,40 +325,50 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     if remote and len(ports) != len(set(ports)):
         raise ConfigError(f"[[sink]] tables share metrics_port {sorted(ports)}: under Spark Connect each table's "
                           "query runs its sink in a process of its own on the server; give each its own metrics_port")
+    if remote and cfg.mirror:
+        raise ConfigError("[mirror] lists the broker's topics with Kafka's admin client in the job's JVM, which a "
+                          "Spark Connect client has not: run a mirror as a classic job (spark-submit, or job.master), "
+                          "or name each table in a [[sink]]")
     if remote:
         log.info("connecting to Spark Connect at %s (its server's master runs the queries)", remote)
     else:
         log.info("starting Spark (%s); a local session takes 10-30 s", master or cfg.job.master or
                  "spark-submit's master")
     started = time.monotonic()
-    delta = any(s.engine == "delta-spark" for s in cfg.sinks)
+    delta = any(s.engine == "delta-spark" for s in cfg.tables)
     spark = spark_session(cfg.job.app_name, master or cfg.job.master, remote=remote, delta=delta,
-                          kafka=any(src.format == "kafka" for src in cfg.sources))
+                          kafka=cfg.mirror is not None or any(src.format == "kafka" for src in cfg.sources))
     session_kind(spark).set_log_level(cfg.job.spark_log_level)
     log.info("Spark ready in %.0f s", time.monotonic() - started)
     for src in cfg.sources:
         if src.path and "://" not in src.path:
             Path(src.path).mkdir(parents=True, exist_ok=True)  # a file stream needs the dir
-    cfg.sinks, schemas = map(list, zip(*(resolved(spark, cfg, s, src) for s, src in zip(cfg.sinks, cfg.sources))))
-    streams = [source_stream(spark, cfg, src, schema) for src, schema in zip(cfg.sources, schemas)]
-    sinks = [UpsertSink(for_debezium(s, src, stream.columns, schema))
-             for s, src, stream, schema in zip(cfg.sinks, cfg.sources, streams, schemas)]
-    kafka = any(src.format == "kafka" for src in cfg.sources)
+    sinks, tables = [], []
+
+    def build(sink: SinkConfig, src: SourceConfig) -> Table:
+        upsert, table = table_query(spark, cfg, sink, src, once, trigger_seconds)
+        sinks.append(upsert)
+        if lag:
+            lag.watch(query_name(cfg, upsert.config), upsert.writer_id)
+        return table
+
+    kafka = cfg.mirror is not None or any(src.format == "kafka" for src in cfg.sources)
     # The Kafka lag: a listener in a classic session; under Spark Connect a listener would run
     # on the server, away from these metrics, so the wait below polls the queries' progress.
-    lag = kafka_source.KafkaLag({query_name(cfg, s.config): s.writer_id for s in sinks}) if kafka and not remote \
-        else None
+    lag = kafka_source.KafkaLag() if kafka and not remote else None
+    tables = [build(s, src) for s, src in zip(cfg.sinks, cfg.sources)]
+    discovery = MirrorDiscovery(
+        cfg.mirror, functools.partial(kafka_topics, spark, cfg.mirror.source), build,
+        taken={t for src in cfg.sources for t in src.topics}, locations={s.table_uri for s in cfg.sinks},
+        every=None if once else cfg.mirror.discover_seconds) if cfg.mirror else None
     if lag:
         spark.streams.addListener(lag)
-    progress = kafka_source.ProgressPoll([s.writer_id for s in sinks]) if kafka else None
-    polled = progress if remote else None
-    tables = [Table(sink.config.table_uri, sink.writer_id,
-                    functools.partial(_started, stream, cfg, sink, once, trigger_seconds, src, schema))
-              for sink, src, stream, schema in zip(sinks, cfg.sources, streams, schemas)]
+    progress = kafka_source.ProgressPoll() if kafka else None
     # A query this session ran before (an earlier run in the process) would end the wait at once.
     spark.streams.resetTerminated()
     try:
-        supervise(spark.streams, tables, cfg.job.backoff, poll_seconds=POLL_SECONDS, polled=polled)
+        supervise(spark.streams, tables, cfg.job.backoff, poll_seconds=POLL_SECONDS,
+                  polled=progress if remote else None, discovery=discovery)
     finally:
         for table in tables:
             if table.query is not None and table.query.isActive:
@@ -355,7 +376,7 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
         if lag:
             spark.streams.removeListener(lag)
         if progress:  # the last batch's, which the listener or the poll may not have had yet
-            progress([t.query for t in tables])
+            progress(tables)
         for sink in sinks:
             sink.close()
         if stop:

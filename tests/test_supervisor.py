@@ -3,7 +3,7 @@
 import pytest
 
 from jobs.job_config import JobSettings
-from jobs.supervisor import Backoff, summary
+from jobs.supervisor import Backoff, Table, TablesFailedError, summary, supervise
 from sink.errors import ConfigError
 
 
@@ -30,3 +30,49 @@ def test_a_failure_is_summed_up_by_the_sinks_own_error_inside_sparks_wrapper():
 def test_restart_settings_errors_name_the_key(settings, error):
     with pytest.raises(ConfigError, match=error):
         JobSettings(**settings)
+
+
+class EndingQuery:
+    """A query that has processed what there was once the supervisor first looks at it."""
+
+    isActive = False
+    lastProgress = None
+
+    def exception(self):
+        return None
+
+
+class Streams:
+    """The session's query manager, for queries that end by themselves."""
+
+    def awaitAnyTermination(self, timeout):
+        return True
+
+    def resetTerminated(self):
+        pass
+
+
+class Looks:
+    """A mirror's discovery: nothing at start, a table at the second look, then no more looks;
+    one topic it could not make a table of."""
+
+    def __init__(self, started: list[str]):
+        self.every, self.refused, self.calls, self.started = 0.01, {"cdc.public.bad": "no key"}, 0, started
+
+    def __call__(self):
+        self.calls += 1
+        if self.calls == 1:
+            return []
+        self.every = None
+        return [Table("data/late", "w-late", lambda: self.started.append("data/late") or EndingQuery())]
+
+
+def test_a_table_discovered_at_a_later_look_is_started_and_a_refused_topic_fails_the_job():
+    started = []
+    tables = [Table("data/first", "w-first", lambda: started.append("data/first") or EndingQuery())]
+    looks = Looks(started)
+    with pytest.raises(TablesFailedError, match=r"^cdc.public.bad got no table: no key$"):
+        supervise(Streams(), tables, Backoff(1, 1, 0), poll_seconds=0.01, discovery=looks)
+    assert (started, looks.calls, [t.name for t in tables]) == (["data/first", "data/late"], 2,
+                                                                 ["data/first", "data/late"])
+    assert all(t.ended and t.error is None for t in tables)

@@ -144,20 +144,32 @@ def wait_for_sentinels(bootstrap_servers: str, topics: list[str], timeout_s: flo
 CAPTURES = {"cdc": {}, "cdcstr": {"decimal.handling.mode": "string"}, "cdcdbl": {"decimal.handling.mode": "double"}}
 
 
+MIRROR = """
+[mirror]
+table_uri = "data/{table}"
+ordering = "lsn"
+delete_when = "op = 'd'"
+index_dir = "data/index"
+metrics_port = 0
+"""
+
+
 def job_config(tmp_path, bootstrap_servers: str, *, prefix: str = "cdc", sink: str = "", source: str = "",
-               declared: dict[str, str] | None = None) -> str:
-    """One [[sink]] per table, each reading its own topic. Without `declared` the config names
-    no column and no key: the key comes from the message keys' Connect schema, every column
-    from the values'. `declared`, per table: the key's and these columns' types."""
+               declared: dict[str, str] | None = None, mirror: bool = False) -> str:
+    """One [[sink]] per table, each reading its own topic; `mirror`: instead, one `[mirror]`
+    making a table of each topic of the capture, as a user mirrors a database. Without
+    `declared` the config names no column and no key: the key comes from the message keys'
+    Connect schema, every column from the values'. `declared`, per table: the key's and these
+    columns' types."""
     types = {"id": "INT", "region": "STRING"}
-    sinks = ""
-    for table, spec in TABLES.items():
+    tables = MIRROR if mirror else ""
+    for table, spec in {} if mirror else TABLES.items():
         given = ""
         if declared is not None:
             row = ", ".join([*(f"{k}: {types[k]}" for k in spec["key"]), *filter(None, [declared.get(table)])])
             given = (f'schema = "op STRING, ts_ms BIGINT, source STRUCT<lsn: BIGINT>, before STRUCT<{row}>, '
                      f'after STRUCT<{row}>"')
-        sinks += f"""
+        tables += f"""
 [[sink]]
 table_uri = "data/{table}"
 {f"key = {json.dumps(spec['key'])}" if declared is not None else ""}
@@ -172,13 +184,15 @@ metrics_port = 0
 topics = ["{prefix}.public.{table}"]
 {given}
 """
+    pattern = f'subscribe_pattern = "{prefix}\\\\.public\\\\..*"' if mirror else ""
     conf = tmp_path / "sink.toml"
-    conf.write_text(sinks + f"""
+    conf.write_text(tables + f"""
 [source]
 format = "kafka"
 bootstrap_servers = "{bootstrap_servers}"
 envelope = "debezium"
 value_format = "json-with-schema"
+{pattern}
 {source}
 """)
     return str(conf)
@@ -245,13 +259,14 @@ def assert_tables_equal(tmp_path, captured: dict[str, list[dict]], decimals=lamb
 
 def test_postgres_through_debezium_at_its_defaults_equals_the_source_tables_typed(
         spark, kafka_broker, captured, tmp_path):
-    """The config names no column and no key: each table's key comes from its message keys'
-    Connect schema (the primary key), every column, the two added mid-stream among them, from
-    the values', decoded."""
-    conf = job_config(tmp_path, kafka_broker.bootstrap_servers)
+    """One `[mirror]` makes a table of each topic of the capture; the config names no column
+    and no key: each table's key comes from its message keys' Connect schema (the primary key),
+    every column, the two added mid-stream among them, from the values', decoded."""
+    conf = job_config(tmp_path, kafka_broker.bootstrap_servers, mirror=True)
     assert "schema =" not in Path(conf).read_text() and "key =" not in Path(conf).read_text()
     sinks = run(conf, once=True)  # one Spark start-up
-    assert [s.config.key for s in sinks] == [spec["key"] for spec in TABLES.values()]
+    assert {s.config.table_uri: s.config.key for s in sinks} == {
+        str(tmp_path / "data" / table): spec["key"] for table, spec in TABLES.items()}
     schema = {f.name: f.type.type for f in DeltaTable(str(tmp_path / "data" / "orders")).schema().fields}
     assert (schema["amount"], schema["placed"], schema["at"], schema["seen"]) == (
         "decimal(18,6)", "date", "timestamp", "timestamp_ntz")
@@ -281,8 +296,9 @@ def test_a_job_sigkilled_after_a_column_arrived_goes_on_exactly_after_a_restart(
         spark, kafka_broker, captured, tmp_path):
     """The job in a process of its own, a few dozen offsets a batch, SIGKILLed once it has added
     the columns that arrived at the source to the Delta table; the restarted job reads them
-    from the table (its schema does not name them) and goes on from its checkpoints."""
-    conf = job_config(tmp_path, kafka_broker.bootstrap_servers, source="max_offsets_per_trigger = 40")
+    from the table (its schema does not name them) and goes on from its checkpoints. A
+    mirror's tables, as a user mirrors a database."""
+    conf = job_config(tmp_path, kafka_broker.bootstrap_servers, source="max_offsets_per_trigger = 40", mirror=True)
     log = tmp_path / "job.log"
     with open(log, "w") as out:
         job = subprocess.Popen(job_process(conf, "--trigger-seconds", "1"), cwd=ROOT, stdout=out,
