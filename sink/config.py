@@ -85,6 +85,11 @@ class SinkConfig:
     the key and the column, and applies the rest; `"fail"` fails the batch with an
     UnchangedValueError, nothing written (Spark replays it: the query stops until the input
     changes)."""
+    append_only_changes: str = "quarantine"
+    """On a table whose `delta.appendOnly` is true, which takes inserts only: what becomes of a
+    record that would update or delete a stored row. `"quarantine"` sets aside the key's
+    records in the batch, with a reason naming the key, and writes the rest; `"fail"` fails the
+    batch with an AppendOnlyError, nothing written."""
     freshness_column: str | None = None
     """A column holding when the source made each change: epoch milliseconds as a BIGINT
     (Debezium's `ts_ms`) or a TIMESTAMP. Each batch then reports its records' end-to-end
@@ -208,8 +213,10 @@ class SinkConfig:
     """With `commit_mode = "merge-on-read"` on an existing table without deletion vectors: turn
     them on (`delta.enableDeletionVectors`), which upgrades its protocol to reader version 3
     and writer version 7: readers without deletion-vector support (Delta Lake before 2.3,
-    for instance) can no longer read it. Off: such a table is refused, with the statement that
-    turns them on."""
+    for instance) can no longer read it; and a TIMESTAMP_NTZ column a batch adds to a table
+    without the `timestampNtz` feature: add the feature. Off: such a table is refused, with the
+    statement that turns them on (a TIMESTAMP_NTZ column naming the column). No other commit
+    of the sink changes the table's protocol."""
     schema_evolution: str = "add_columns"
     """A stream column the table lacks: `"add_columns"` adds it (nullable) with the batch's commit,
     `"fail"` refuses the batch."""

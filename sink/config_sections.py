@@ -22,12 +22,14 @@ TagOn = Literal["auto", "executors", "driver"]
 SchemaEvolution = Literal["add_columns", "fail"]
 CheckConstraints = Literal["quarantine", "fail"]
 UnsentValues = Literal["quarantine", "fail"]
+AppendOnlyChanges = Literal["quarantine", "fail"]
 CommitMode = Literal["auto", "merge-on-read", "merge"]
 ScdType = Literal[1, 2]
 
 SCOPES, ENGINES, TIES, TAG_ON = get_args(Scope), get_args(Engine), get_args(Ties), get_args(TagOn)
 SCHEMA_EVOLUTION, COMMIT_MODES, SCD_TYPES = get_args(SchemaEvolution), get_args(CommitMode), get_args(ScdType)
 CHECK_CONSTRAINTS, UNSENT_VALUES = get_args(CheckConstraints), get_args(UnsentValues)
+APPEND_ONLY_CHANGES = get_args(AppendOnlyChanges)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class StreamSection:
     freshness_column: str | None = None
     unchanged_value: str | None = None
     unsent_values: UnsentValues = "quarantine"
+    append_only_changes: AppendOnlyChanges = "quarantine"
 
     @property
     def incoming_wins_ties(self) -> bool:
@@ -98,6 +101,7 @@ class StreamSection:
         require_choice("schema_evolution", cfg.schema_evolution, SCHEMA_EVOLUTION)
         require_choice("check_constraints", cfg.check_constraints, CHECK_CONSTRAINTS)
         require_choice("unsent_values", cfg.unsent_values, UNSENT_VALUES)
+        require_choice("append_only_changes", cfg.append_only_changes, APPEND_ONLY_CHANGES)
         if cfg.delete_when is not None:
             require_str("delete_when", cfg.delete_when)
         if cfg.quarantine_when is not None:
@@ -116,7 +120,7 @@ class StreamSection:
                                   "from the events, which would keep the placeholder")
         return cls(cfg.delete_when, cfg.quarantine_when, cfg.corrupt_record_column, cfg.ignore_null_updates, cfg.ties,
                    cfg.schema_evolution, cfg.check_constraints, cfg.freshness_column, cfg.unchanged_value,
-                   cfg.unsent_values)
+                   cfg.unsent_values, cfg.append_only_changes)
 
 
 @dataclass(frozen=True)

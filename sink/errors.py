@@ -75,6 +75,11 @@ class DeletionVectorError(SinkError):
     CRC-32, magic number or cardinality disagree with its descriptor): nothing was written."""
 
 
+class AppendOnlyError(SinkError):
+    """A record would update or delete a stored row of a table with `delta.appendOnly = true`
+    (append_only_changes = "fail"): nothing was written."""
+
+
 class UnchangedValueError(SinkError):
     """A write holds `unchanged_value` (a value its source did not send) for a key the table
     does not store: there is no stored value to keep, and the placeholder is never written."""

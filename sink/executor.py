@@ -30,6 +30,7 @@ from deltalake import DeltaTable
 
 from sink import columns as C
 from sink import freshness, keys
+from sink.append_only import stored_row_changes
 from sink.arrival import arrival
 from sink.errors import ReplicaLostError
 from sink.index import changelog, history_locations, registry, verification, worker_replicas
@@ -59,7 +60,7 @@ from sink.partial import fold_nulls, unsent_records
 from sink.placement import AMBIGUOUS, place_deletes, unplaced_deletes
 from sink.tagging import DELETE, INSERT, TOMBSTONE, UPDATE, tag, tag_global
 from sink.task_context import TaskContext
-from sink.task_stats import StepClock, TaskStats
+from sink.task_stats import StepClock, TaskStats, stats_batch
 from sink.writing import HISTORY_EVENT
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def tag_batches(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
             changed = out.filter(pc.fill_null(pc.is_in(out.column(C.WRITE), pa.array([UPDATE, DELETE])), False))
             stats.changed_pids = pc.unique(keys.partition_ids(changed, list(ctx.table.partition_by))).to_pylist()
         yield from out.to_batches()
-    yield _stats_batch(ctx.output_schema, stats)
+    yield stats_batch(ctx.output_schema, stats)
 
 
 def _for_writing(ctx: TaskContext, records: pa.Table, pids: pa.Array) -> pa.Table:
@@ -126,7 +127,7 @@ def _for_writing(ctx: TaskContext, records: pa.Table, pids: pa.Array) -> pa.Tabl
 
 def stats_table(ctx: TaskContext, stats: TaskStats) -> pa.Table:
     """`stats` as the one-row table a tagging task ends its output with."""
-    return pa.Table.from_batches([_stats_batch(ctx.output_schema, stats)])
+    return pa.Table.from_batches([stats_batch(ctx.output_schema, stats)])
 
 
 def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -240,9 +241,9 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
         counted = (dict(replica.lookups), dict(stats.lookups), stats.cross_partition_checked,
                    stats.cross_partition_keys)
         inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
-        unsent = _unsent(ctx, rows, inputs, pids, located, result)
-        if unsent is not None:  # set aside, and the rest tagged again: their lookups counted once
-            aside, reasons = unsent
+        refused = _set_aside(ctx, rows, inputs, pids, located, result)
+        if refused is not None:  # set aside, and the rest tagged again: their lookups counted once
+            aside, reasons = refused
             bad = rows.filter(pa.array(aside)).drop_columns([C.REASON]).append_column(C.REASON, pa.array(reasons))
             bad = _passed_through(bad, ctx.output_schema)
             quarantined = bad if quarantined is None else pa.concat_tables([quarantined, bad])
@@ -327,12 +328,15 @@ def _classify(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.
     return inputs, result
 
 
-def _unsent(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, located: bool, result):
-    """The records to set aside (a mask), and why, where `unchanged_value` has no stored value
-    to stand for (unsent_values = "quarantine"; None: none, or the fold fails the batch)."""
-    if not ctx.keeps_stored_values or ctx.stream.unchanged_value is None or ctx.stream.unsent_values != "quarantine":
-        return None
+def _set_aside(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, located: bool, result):
+    """The records to set aside (a mask) and why, or None: changes to an append-only table's rows
+    (sink.append_only), or unsent values with no stored row (unsent_values = "quarantine")."""
     values, groups = _fold_inputs(ctx, rows, inputs, pids, located)
+    refused = stored_row_changes(rows, groups, result.write, key_cols=ctx.table.key, table_uri=ctx.table.table_uri,
+                                 fails=ctx.stream.append_only_changes == "fail") if ctx.append_only else None
+    if refused is not None or ctx.stream.unchanged_value is None or ctx.stream.unsent_values != "quarantine" or \
+            not ctx.keeps_stored_values:
+        return refused
     return unsent_records(rows, values, groups, inputs[2], inputs[4], result.op, result.write,
                           nulls_kept=ctx.ignore_null_updates, unchanged=ctx.stream.unchanged_value,
                           key_cols=ctx.table.key)
@@ -589,12 +593,3 @@ def _count_loads(stats: TaskStats, partitions: dict[str, int], report) -> None:
         stats.loads[reason] += n
     stats.load_seconds += report.seconds
     stats.loaded_keys += report.keys
-
-
-def _stats_batch(schema: pa.Schema, stats: TaskStats) -> pa.RecordBatch:
-    values = {C.OP: C.STATS_OP, C.STATS: stats.to_json()}
-    arrays = [
-        pa.array([values[f.name]], f.type) if f.name in values else pa.nulls(1, f.type)
-        for f in schema
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -55,6 +55,8 @@ class TaskContext:
     # The names the log's partition values go by (physical ones under column mapping), for
     # reading other writers' commits; None: the partition columns' own.
     partition_log_keys: tuple[str, ...] | None = None
+    # The table takes inserts only (`delta.appendOnly`): sink.append_only.
+    append_only: bool = False
 
     @property
     def ignore_null_updates(self) -> bool:

@@ -7,6 +7,9 @@ import json
 import time
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
+from sink import columns as C
 from sink.index.keyspaces import REPLICA_LOOKUPS
 from sink.placement import PLACEMENTS
 
@@ -110,3 +113,10 @@ class StepClock:
     @property
     def total(self) -> float:
         return self.last - self.started
+
+
+def stats_batch(schema: pa.Schema, stats: TaskStats) -> pa.RecordBatch:
+    """`stats` as the one-row batch of `schema` (a tagging task's output) that ends its output."""
+    values = {C.OP: C.STATS_OP, C.STATS: stats.to_json()}
+    arrays = [pa.array([values[f.name]], f.type) if f.name in values else pa.nulls(1, f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

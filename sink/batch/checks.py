@@ -14,11 +14,17 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sink import columns as C
 from sink.batch.state import BatchState
 from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
-from sink.errors import ConstraintViolationError, ContractMismatchError, SchemaError, WriterIdReusedError
+from sink.errors import (
+    ConstraintViolationError,
+    ContractMismatchError,
+    SchemaError,
+    UnsupportedTableError,
+    WriterIdReusedError,
+)
 from sink.history import HISTORY_COLUMNS, RUN_EVENTS, HistoryColumns, history_fields
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.engine import DeltaEngine
-from sink.lakehouse.features import row_checks
+from sink.lakehouse.features import append_only, row_checks
 from sink.lakehouse.schema import added_columns, check_history_columns, pending
 from sink.library_errors import first_line
 from sink.prepare import quarantine_reason, validate_stream, violation, with_hidden_ordering
@@ -51,6 +57,10 @@ class Checks:
         state.batch_df = batch_df = with_hidden_ordering(state.batch_df, self._stream_config)
         self._target.open_or_create(self.stored_schema(batch_df), self.contract)
         self._target.check_writable()
+        if cfg.scd_type == 2 and append_only(self._target.table):
+            raise UnsupportedTableError(f"{cfg.table_uri} is append-only (delta.appendOnly = true): a history table "
+                                        "(scd_type = 2) closes a key's stored version when a new one comes, which "
+                                        "changes a stored row; nothing was written")
         self._check_contract()
         state.added = self.added_columns(batch_df)
         if cfg.check_constraints == "quarantine":

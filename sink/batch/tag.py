@@ -16,6 +16,7 @@ from sink.batch.other_writers import OtherWriters
 from sink.batch.state import BatchState, TaggedBatch
 from sink.config import SinkConfig
 from sink.lakehouse.engine import DeltaEngine
+from sink.lakehouse.features import append_only
 from sink.ops.report import BatchReport
 from sink.task_context import TaskContext, task_context
 from sink.task_stats import TaskStats
@@ -82,6 +83,7 @@ class TagPhase:
             changelog_uri=self.tagger.changelog_uri, file_order=state.files,
             write_files=self.tagger.writes_files(target), merge_source=self.tagger.leaves_writes_on_executors(target),
             sink_instance=self._instance, partition_log_keys=target.partition_log_keys(),
+            append_only=append_only(target.table),
         )
 
 

@@ -8,7 +8,5 @@ from deltalake import DeltaTable, write_deltalake
 from sink.lakehouse.writes import Writes
 
 
-def commit(table: DeltaTable, writes: Writes, evolve: bool) -> None:
-    """`evolve`: the batch adds columns, which join the table's schema in this commit."""
-    write_deltalake(table, writes.table_rows(), mode="append", commit_properties=writes.props,
-                    **({"schema_mode": "merge"} if evolve else {}))
+def commit(table: DeltaTable, writes: Writes) -> None:
+    write_deltalake(table, writes.table_rows(), mode="append", commit_properties=writes.props)

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from sink.errors import ConfigError, UnsupportedTableError
-from sink.lakehouse import append, log_commit, merge, merge_task, open_tables, rewrite, versions
+from sink.lakehouse import append, log_commit, merge, merge_task, metadata_commit, open_tables, rewrite, versions
 from sink.lakehouse.column_mapping import ColumnMapping, log_keys, writable
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import (
@@ -98,10 +98,8 @@ class DeltaTarget:
                 self._turn_on_deletion_vectors()
             else:
                 vectors = {ENABLE_DELETION_VECTORS: "true"} if self.commit_mode == MERGE_ON_READ else {}
-                self._dt = DeltaTable.create(
-                    self.uri, schema, partition_by=self.partition_by or None, mode="ignore",
-                    configuration={**contract.properties(), **vectors}, raise_if_key_not_exists=False,
-                )
+                metadata_commit.create(self.uri, schema, self.partition_by, {**contract.properties(), **vectors})
+                self._dt = DeltaTable(self.uri)
         return self._dt
 
     def _turn_on_deletion_vectors(self) -> None:
@@ -118,7 +116,7 @@ class DeltaTarget:
                 "or commit_mode = 'auto'; nothing was written")
         log.warning("%s: turning deletion vectors on (commit_mode = 'merge-on-read', allow_protocol_upgrade): the "
                     "table's protocol goes to reader version 3, writer version 7", self.uri)
-        self.table.alter.set_table_properties({ENABLE_DELETION_VECTORS: "true"}, raise_if_not_exists=False)
+        metadata_commit.enable_deletion_vectors(self.table, self.uri)
         self.refresh()
 
     def contract(self) -> Contract | None:
@@ -129,7 +127,7 @@ class DeltaTarget:
 
     def record_contract(self, contract: Contract) -> None:
         """Write the contract into the table's properties (a metadata-only commit)."""
-        self.table.alter.set_table_properties(contract.properties(), raise_if_not_exists=False)
+        metadata_commit.set_properties(self.table, self.uri, contract.properties())
         self.refresh()
 
     def check_writable(self) -> None:
@@ -213,11 +211,12 @@ class DeltaTarget:
         Only inserts (tombstones change nothing in the table) -> append, even an empty
         one, so the app transaction is recorded; otherwise one commit rewriting the files that
         hold updated or deleted keys (`rewrite`), or one MERGE pruned to their partitions.
-        `added_columns` (nullable) join the table's schema in the append's commit, or just before.
+        `added_columns` (nullable) join the table's schema in a commit just before.
         Raises CommitFailedError when another writer won the race.
         """
         before = self.version()
         added_columns, schema = self._schema_adding(added_columns)
+        self._add_columns(added_columns, before)  # first: the files written below are mapped by the new schema
         rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
         updating = changing(rows)
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
@@ -227,11 +226,10 @@ class DeltaTarget:
                         props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed(),
                         column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None)
         if mode == "append" and not identity:
-            append.commit(self.table, writes, evolve=bool(added_columns))
+            append.commit(self.table, writes)
             self.refresh()
             return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
-        self._add_columns(added_columns, before)
         if mode in ("append", "rewrite", MERGE_ON_READ):  # an append that generates identity values too
             done = rewrite.commit(self.table, self.uri, writes, self.stored_files(), vectors=self._vectors)
             unchanged = done.unchanged
@@ -327,12 +325,13 @@ class DeltaTarget:
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         """Add the batch's new columns in a metadata commit right after version `before`.
         Not MERGE's merge_schema: delta-rs 1.6.6 then gives the table a new id (every replica
-        would rebuild). It keeps the id and changes no row; like the batch's commit it lands
-        right after the checked version or fails, and the commit goes on from it."""
+        would rebuild); nor its `alter` (metadata_commit says why). It keeps the id and changes
+        no row; like the batch's commit it lands right after the checked version or fails, and
+        the commit goes on from it."""
         if not added_columns:
             return
-        self.table.alter.add_columns(Schema.from_arrow(pa.schema(added_columns)).fields,
-                                     commit_properties=CommitProperties(max_commit_retries=0))
+        metadata_commit.add_columns(self.table, self.uri, added_columns,
+                                    allow_protocol_upgrade=self.allow_protocol_upgrade)
         self.table.load_as_version(before + 1)
 
     def _record_batch(self, app_id: str, batch_id: int, schema: pa.Schema, props: CommitProperties) -> None:

@@ -20,6 +20,7 @@ from sink.lakehouse.identity import IdentityColumn
 ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
 ENABLE_CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 COLUMN_MAPPING = "delta.columnMapping.mode"
+APPEND_ONLY = "delta.appendOnly"
 # Table property prefix -> why the rewrite cannot honour it.
 _PROPERTIES = {
     ENABLE_DELETION_VECTORS: "deletion vectors (a rewrite's remove cannot carry the file's deletion vector)",
@@ -46,6 +47,17 @@ _UNWRITABLE_FEATURES = {
     "identityColumns": "identity columns (delta-rs does not generate their values)",
 }
 IDENTITY_COLUMNS = "identityColumns"
+# The table features delta-rs (1.6.6) and the sink's own commits write as PROTOCOL.md asks of
+# a writer; any other a table lists is refused before the first write (`unwritable_reason`),
+# rather than failing its commit like a lost race.
+_WRITTEN_FEATURES = frozenset({
+    "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns", "columnMapping",
+    "deletionVectors", "timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "variantType",
+})
+_FEATURE_NAMES = {"inCommitTimestamp": "in-commit timestamps", "typeWidening": "type widening",
+                  "typeWidening-preview": "type widening", "clustering": "liquid clustering",
+                  "allowColumnDefaults": "column defaults", "icebergCompatV1": "Iceberg compatibility",
+                  "icebergCompatV2": "Iceberg compatibility", "collations-preview": "collations"}
 _OFF = ("false", "none", "")
 _UNREADABLE = (_PROPERTIES[ENABLE_DELETION_VECTORS], _PROPERTIES[COLUMN_MAPPING])
 # What the sink checks on every row it writes, before writing it (`row_checks`): honoured where it does.
@@ -85,6 +97,12 @@ def writes_deletion_vectors(table: DeltaTable) -> bool:
     return supports_deletion_vectors(table) and enabled.lower() == "true"
 
 
+def append_only(table: DeltaTable) -> bool:
+    """The table takes inserts only: no commit may remove a file with `dataChange` (PROTOCOL.md
+    "Append-only Tables")."""
+    return (table.metadata().configuration.get(APPEND_ONLY) or "").lower() == "true"
+
+
 def unreadable_reason(table: DeltaTable) -> str | None:
     """Why this table's data files cannot be read as plain Parquet files (a deletion vector
     hides rows, column mapping renames columns), or None when they can."""
@@ -100,6 +118,10 @@ def unwritable_reason(table: DeltaTable, *, honoured: Collection[str] = ()) -> s
     # An identity column on a protocol without a feature list (writer version 6) names no feature.
     if reason is None and IDENTITY_COLUMNS not in honoured and identity_columns(table):
         reason = _UNWRITABLE_FEATURES[IDENTITY_COLUMNS]
+    listed = [*(table.protocol().reader_features or ()), *features]
+    unknown = next((f for f in listed if f not in _WRITTEN_FEATURES and f not in _UNWRITABLE_FEATURES), None)
+    if reason is None and unknown is not None:
+        reason = f"{_FEATURE_NAMES.get(unknown, 'a table feature')} (the {unknown} feature)"
     return reason
 
 

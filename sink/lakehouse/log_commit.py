@@ -64,7 +64,7 @@ def commit(table: DeltaTable, uri: str, actions: Sequence[Mapping[str, Any]], pr
     lines = [{"commitInfo": info}, *txns, *actions]
     data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
     try:
-        obstore.put(_store(uri), f"_delta_log/{version:020d}.json", data, mode="create")
+        obstore.put(store(uri), f"_delta_log/{version:020d}.json", data, mode="create")
     except AlreadyExistsError as e:
         raise CommitFailedError(f"{uri}: version {version} was committed by another writer first") from e
     table.update_incremental()
@@ -74,9 +74,11 @@ def commit(table: DeltaTable, uri: str, actions: Sequence[Mapping[str, Any]], pr
     return version
 
 
-def _store(uri: str):
+def store(uri: str, *, new: bool = False):
+    """The object store holding the table at `uri`; `new`: a table not created yet (a local
+    directory is made)."""
     if "://" not in uri:
-        return LocalStore(os.path.abspath(uri))
+        return LocalStore(os.path.abspath(uri), mkdir=new)
     if uri.startswith("file://"):
-        return LocalStore(uri.removeprefix("file://"))
+        return LocalStore(uri.removeprefix("file://"), mkdir=new)
     return from_url(uri)

@@ -31,6 +31,7 @@ from sink.index.loader import read_global, read_partition
 from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.keys import describe_key
+from sink.lakehouse import metadata_commit
 from sink.lakehouse.column_mapping import log_keys
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
@@ -347,7 +348,7 @@ def contract(ctx: Context, rewrite: bool) -> tuple[int, list[str]]:
     if problems:
         return 1, [f"not recorded: the table does not satisfy the config's contract ({shown}):",
                    *(f"  {p}" for p in problems)]
-    table.alter.set_table_properties(wanted.properties(), raise_if_not_exists=False)
+    metadata_commit.set_properties(table, cfg.table_uri, wanted.properties())
     return 0, [f"recorded: {shown}", "replicas built under the old contract are rebuilt when a task next opens them"]
 
 

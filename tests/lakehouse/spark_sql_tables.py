@@ -1,5 +1,8 @@
 """Tables created by Spark SQL, as Spark users create them, and their rows as Spark reads them."""
 
+import json
+from pathlib import Path
+
 COLUMNS = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
 
 # The table a Spark Connect user created (issue: other writers): every feature Spark users turn
@@ -30,3 +33,36 @@ def amount_of(e) -> int:
 def spark_rows(spark, uri):
     rows = [r.asDict() for r in spark.read.format("delta").load(uri).select("id", "dt", "ts", "op", "v").collect()]
     return sorted(rows, key=lambda r: (r["dt"], r["id"]))
+
+
+def log_actions(uri: str, first: int = 0) -> list[tuple[int, str, dict]]:
+    """Every action of the table's log from version `first` on: (version, name, value)."""
+    found = []
+    for path in sorted(Path(uri, "_delta_log").glob("*.json")):
+        version = int(path.stem)
+        if version >= first:
+            found += [(version, name, value) for line in path.read_text().splitlines() if line
+                      for name, value in json.loads(line).items()]
+    return found
+
+
+def last_action(uri: str, name: str) -> dict:
+    """The table's latest `protocol` or `metaData` action, as its log spells it."""
+    return [value for _, n, value in log_actions(uri) if n == name][-1]
+
+
+SPARK_SCHEMA = {"type": "struct", "fields": [
+    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+    {"name": "v", "type": "string", "nullable": True, "metadata": {}}]}
+
+
+def spark_table(path, protocol: dict, configuration: dict, schema: dict = SPARK_SCHEMA) -> str:
+    """Version 0 as Spark's CREATE TABLE writes it."""
+    (path / "_delta_log").mkdir(parents=True)
+    lines = [{"commitInfo": {"timestamp": 1, "operation": "CREATE TABLE", "engineInfo": "Apache-Spark/4.2.0"}},
+             {"protocol": protocol},
+             {"metaData": {"id": "spark-table-id", "name": "orders", "format": {"provider": "parquet", "options": {}},
+                           "schemaString": json.dumps(schema, separators=(",", ":")), "partitionColumns": [],
+                           "configuration": configuration, "createdTime": 1}}]
+    (path / "_delta_log" / f"{0:020d}.json").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)

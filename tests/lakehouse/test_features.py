@@ -3,13 +3,16 @@ the fallback happens, is logged once, and the table stays exact."""
 
 import json
 import logging
+import re
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, Field, QueryBuilder, Schema
 
+from sink.errors import UnsupportedTableError
 from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
 from sink.lakehouse.features import check_constraints, mentions, merge_only_reason, row_checks
+from tests.lakehouse.spark_sql_tables import spark_table
 
 COLUMNS = [("id", "string", pa.string()), ("dt", "string", pa.string()), ("ts", "long", pa.int64()),
            ("g", "long", pa.int64())]
@@ -121,3 +124,20 @@ def test_what_every_row_must_meet_is_checked_by_the_sink_where_rows_are_its_reco
 ])
 def test_a_check_reads_a_column_where_it_names_it(expression, reads):
     assert mentions(expression, "n") is reads
+
+
+@pytest.mark.parametrize(("reader", "writer", "named"), [
+    ([], ["inCommitTimestamp"], "in-commit timestamps (the inCommitTimestamp feature)"),
+    (["typeWidening"], ["typeWidening"], "type widening (the typeWidening feature)"),
+    (["deletionVectors"], ["deletionVectors", "someFutureFeature"], "a table feature (the someFutureFeature feature)"),
+], ids=["in-commit timestamps", "type widening", "unknown"])
+def test_a_feature_the_sink_does_not_write_is_refused_naming_it_before_anything_is_written(
+        tmp_path, reader, writer, named):
+    uri = spark_table(tmp_path / "t", {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": reader,
+                                       "writerFeatures": writer}, {})
+    target = DeltaTarget(uri, [])
+    with pytest.raises(UnsupportedTableError, match=re.escape(f"{uri} uses {named}: delta-rs cannot write it; "
+                                                              "engine = 'delta-spark', or 'auto' in a session with "
+                                                              "Delta's extension, writes it through Spark")):
+        target.check_writable()
+    assert DeltaTable(uri).version() == 0

@@ -2,12 +2,14 @@
 deltalake engine: exact where delta-rs honours the feature (read back through Spark), refused
 before anything is written, naming the feature, where it cannot."""
 
+import json
+
 import pytest
 from deltalake import DeltaTable
 
 from sink import SinkConfig, UpsertSink
 from sink.errors import SchemaError, UnsupportedTableError
-from tests.lakehouse.spark_sql_tables import COLUMNS, create, spark_rows
+from tests.lakehouse.spark_sql_tables import COLUMNS, create, last_action, log_actions, spark_rows
 from tests.oracle import SCHEMA, expected_rows, random_batches
 
 pytestmark = pytest.mark.spark
@@ -33,14 +35,32 @@ def config(tmp_path, uri: str) -> SinkConfig:
         "CHECK constraint"])
 def test_a_table_spark_created_with_a_feature_delta_rs_honours_is_written_exactly(spark, tmp_path, properties,
                                                                                    constraint, update_mode):
+    """Its rows as Spark reads them, and its promise to other readers: no commit of the sink
+    carries a protocol; its metadata is Spark's but for the contract's properties and the
+    column the last batch adds (under column mapping, with its id and physical name)."""
     uri = str(tmp_path / "table")
     create(spark, uri, properties=properties, constraint=constraint)
+    created = DeltaTable(uri).version()
+    protocol, metadata = last_action(uri, "protocol"), last_action(uri, "metaData")
     batches = random_batches(41, batches=3, per_batch=150, bad_share=0)
     sink = UpsertSink(config(tmp_path, uri))
     for b, events in enumerate(batches):
-        sink(spark.createDataFrame(events, SCHEMA), b)
+        sink(spark.createDataFrame(events, SCHEMA).selectExpr("*", *["upper(v) AS w"] * (b == 2)), b)
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
     assert [r.mode for r in sink.reports] == ["append", update_mode, update_mode]
+    stored = spark.read.format("delta").load(uri)
+    # The rows the last batch wrote hold its w; the others none.
+    assert stored.where("w IS NOT NULL").count() > 0 and stored.where("w != upper(v)").count() == 0
+    assert [v for v, name, _ in log_actions(uri, created + 1) if name == "protocol"] == []
+    assert last_action(uri, "protocol") == protocol
+    now = last_action(uri, "metaData")
+    fields = json.loads(now["schemaString"])["fields"]
+    assert json.loads(metadata["schemaString"])["fields"] == fields[:-1] and fields[-1]["name"] == "w"
+    added = {k: v for k, v in now["configuration"].items() if metadata["configuration"].get(k) != v}
+    mapped = {"delta.columnMapping.maxColumnId"} if "columnMapping" in properties else set()
+    assert {k for k in added if not k.startswith("upsert_sink.")} == mapped
+    assert {k: v for k, v in now.items() if k not in ("schemaString", "configuration")} == \
+        {k: v for k, v in metadata.items() if k not in ("schemaString", "configuration")}
 
 
 def test_a_generated_column_the_stream_carries_is_written_and_one_it_lacks_is_named_with_its_expression(
