@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY
 import jobs.upsert_stream
 from jobs import kafka_source
 from jobs.envelopes import UNAVAILABLE_VALUE
+from jobs.supervisor import TablesFailedError
 from jobs.upsert_stream import run
 from sink import UpsertSink
 from tests.oracle import expected_rows, random_batches
@@ -231,13 +232,15 @@ def test_debezium_envelopes_order_by_lsn_and_snapshot_reads_never_overwrite_newe
 def test_a_topic_deleted_under_the_job_fails_it_clearly_and_leaves_the_table_as_it_was(
         spark, kafka_broker, tmp_path):
     """fail_on_data_loss (the default): offsets the query has not read are gone with the topic,
-    so the query fails with Spark's data-loss error instead of skipping them."""
+    so the query fails with Spark's data-loss error instead of skipping them (and the table
+    stops at once: max_restarts = 0)."""
     topic = "deleted-events"
     create_topic(kafka_broker, topic, partitions=1)
     (events,) = random_batches(5, batches=1, per_batch=50, bad_share=0)
     produce(kafka_broker, topic, [(e.id, json.dumps(e._asdict()).encode()) for e in events])
     conf = job_config(tmp_path, kafka_broker, topic, sink='ordering = "ts"\npartition_by = ["dt"]',
                       source='schema = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"')
+    conf.write_text(conf.read_text() + "\n[job]\nmax_restarts = 0\n")
     run(str(conf), once=True)
     uri = str(tmp_path / "data" / "table")
     before = table_rows(uri, ["id", "dt", "ts", "op", "v"])
@@ -246,7 +249,8 @@ def test_a_topic_deleted_under_the_job_fails_it_clearly_and_leaves_the_table_as_
     admin.delete_topics([topic])[topic].result(timeout=60)
     create_topic(kafka_broker, topic, partitions=1)  # recreated: its offsets start over, below the checkpoint's
     produce(kafka_broker, topic, [("late", json.dumps({**events[0]._asdict(), "id": "late"}).encode())])
-    with pytest.raises(Exception, match="(?i)data (may have been )?lost|failOnDataLoss"):
+    with pytest.raises(TablesFailedError, match=r"(?i)stopped after 1 failures in a row: .*(data (may have been )?"
+                                                r"lost|failOnDataLoss)"):
         run(str(conf), once=True)
     assert table_rows(uri, ["id", "dt", "ts", "op", "v"]) == before
 
