@@ -211,8 +211,8 @@ value_format = "json-with-schema"
 @pytest.fixture(scope="module")
 def captured(kafka_broker, postgres, tmp_path_factory) -> dict[str, list[dict]]:
     """The workload run once on PostgreSQL and captured by Debezium into the topics (its worker
-    killed and restarted once on the way), which each test streams into tables of its own; PostgreSQL's tables at quiescence (`SELECT *`, as
-    psycopg types them), per table."""
+    killed and restarted once on the way), which each test streams into tables of its own;
+    PostgreSQL's tables at quiescence (`SELECT *`, as psycopg types them), per table."""
     rng = random.Random(54)
     conn = psycopg.connect(postgres.dsn, autocommit=True)
     for table, spec in TABLES.items():
