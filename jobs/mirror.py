@@ -126,7 +126,7 @@ def kafka_topics(spark, src) -> list[str]:
 class MirrorDiscovery:
     """Each call: the tables of the topics that have come (`topics()`, the broker's matching
     ones) and hold a message, built by `build(sink, source)`. A topic an explicit table reads
-    (`taken`), or whose location another table has (`locations`), is not mirrored; one whose
+    (`taken`), or whose table or checkpoint another table has (`locations`), is not mirrored; one whose
     table cannot be built is logged and in `refused` (tried again at the next look), the other
     topics going on. `every`: seconds between looks (None: once, at start)."""
 
@@ -141,7 +141,10 @@ class MirrorDiscovery:
         try:
             topics = self.topics()
         except Exception as e:  # noqa: BLE001 - the broker away: the running tables go on, the next look retries
-            log.warning("[mirror]: the broker's topics could not be listed (tried again in %s s): %s", self.every, e)
+            if self.every is None:  # the one look: the job says no topic was mirrored
+                self.refused[f"the topics of {self.mirror.source.name}"] = f"not listed: {e}"
+            log.warning("[mirror]: the broker's topics could not be listed (tried again in %s s): %s",
+                        self.every or "no", e)
             return []
         tables = []
         for topic in topics:
@@ -156,9 +159,10 @@ class MirrorDiscovery:
     def _table(self, topic: str) -> Table | None:
         try:
             sink, src = self.mirror.table(topic)
-            if sink.table_uri in self.locations:
-                raise ConfigError(f"its table {sink.table_uri} is another table's (a [[sink]]'s, or another topic's "
-                                  "by mirror.table_uri's template): name it by {topic}, or give it a [[sink]]")
+            shared = [p for p in (sink.table_uri, sink.checkpoint_dir) if p in self.locations]
+            if shared:
+                raise ConfigError(f"its table's location {shared[0]} is another table's (a [[sink]]'s, or another "
+                                  "topic's by the mirror's templates): name it by {topic}, or give it a [[sink]]")
             table = self.build(sink, src)
         except NoMessageError:
             if topic not in self._waiting:
@@ -173,6 +177,6 @@ class MirrorDiscovery:
             return None
         self.refused.pop(topic, None)
         self._waiting.discard(topic)
-        self.locations.add(sink.table_uri)
+        self.locations.update((sink.table_uri, sink.checkpoint_dir))
         log.info("[mirror]: topic %s -> %s", topic, sink.table_uri)
         return table

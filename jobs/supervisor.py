@@ -74,17 +74,14 @@ def supervise(streams, tables: list[Table], backoff: Backoff, *, poll_seconds: f
     them running until each has ended (or failed for good); `streams`: the session's
     StreamingQueryManager. `polled(tables)`: called at least every `poll_seconds` while they
     run. TablesFailedError when a table failed for good, or a discovered one was refused."""
-    tables.extend(discovery() if discovery is not None else [])
     for table in tables:
         table.query = table.start()
-    look_at = time.monotonic() + discovery.every if discovery is not None and discovery.every else None
+    look_at = time.monotonic() if discovery is not None else None
     while True:
+        if look_at is not None and look_at <= time.monotonic():
+            tables.extend(_started(discovery))
+            look_at = time.monotonic() + discovery.every if discovery.every else None
         now = time.monotonic()
-        if look_at is not None and look_at <= now:
-            for table in discovery():
-                table.query = table.start()
-                tables.append(table)
-            look_at = now + discovery.every if discovery.every else None
         for table in tables:
             if table.restart_at is not None and table.restart_at <= now:
                 log.info("%s: restarting its query (failure %d in a row)", table.name, table.failures)
@@ -108,6 +105,21 @@ def supervise(streams, tables: list[Table], backoff: Backoff, *, poll_seconds: f
     failed += [f"{name} got no table: {error}" for name, error in (discovery.refused if discovery else {}).items()]
     if failed:
         raise TablesFailedError("; ".join(failed))
+
+
+def _started(discovery: Discovery) -> list[Table]:
+    """The tables `discovery` found, started; one whose start fails (its stream does not fit
+    its config, say) is refused, the others going on."""
+    started = []
+    for table in discovery():
+        try:
+            table.query = table.start()
+        except Exception as e:  # noqa: BLE001 - one table's start stops no other table
+            discovery.refused[table.name] = summary(e)
+            log.error("%s: its query did not start (the other tables go on): %s", table.name, summary(e))
+            continue
+        started.append(table)
+    return started
 
 
 def summary(error: BaseException) -> str:

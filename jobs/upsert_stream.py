@@ -359,7 +359,8 @@ def run(config_path: str, once: bool, trigger_seconds: int | None = None, master
     tables = [build(s, src) for s, src in zip(cfg.sinks, cfg.sources)]
     discovery = MirrorDiscovery(
         cfg.mirror, functools.partial(kafka_topics, spark, cfg.mirror.source), build,
-        taken={t for src in cfg.sources for t in src.topics}, locations={s.table_uri for s in cfg.sinks},
+        taken={t for src in cfg.sources for t in src.topics},
+        locations={p for s in cfg.sinks for p in (s.table_uri, s.checkpoint_dir)},
         every=None if once else cfg.mirror.discover_seconds) if cfg.mirror else None
     if lag:
         spark.streams.addListener(lag)

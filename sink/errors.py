@@ -50,7 +50,7 @@ class UnrecordedCommitError(SinkError):
     stops rather than carry on from a table that does not record it."""
 
 
-class UnsupportedTableError(SinkError):
+class UnsupportedTableError(ConfigError):
     """The table uses a feature the batch's commit path cannot honour and has no fallback for
     (a history table with deletion vectors, say): nothing was written."""
 

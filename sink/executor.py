@@ -241,8 +241,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
         counted = (dict(replica.lookups), dict(stats.lookups), stats.cross_partition_checked,
                    stats.cross_partition_keys)
         inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
-        refused = _set_aside(ctx, rows, inputs, pids, located, result)
-        if refused is not None:  # set aside, and the rest tagged again: their lookups counted once
+        # Set aside, and the rest tagged again (their lookups counted once), until none is left.
+        while (refused := _set_aside(ctx, rows, inputs, pids, located, result)) is not None:
             aside, reasons = refused
             bad = rows.filter(pa.array(aside)).drop_columns([C.REASON]).append_column(C.REASON, pa.array(reasons))
             bad = _passed_through(bad, ctx.output_schema)

@@ -16,8 +16,9 @@ APPEND_ONLY = "TBLPROPERTIES ('delta.appendOnly' = 'true')"
 
 
 def config(tmp_path, uri: str, **options) -> SinkConfig:
-    return SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
-                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, **options)
+    return SinkConfig(**{"table_uri": uri, "key": ["id"], "partition_by": ["dt"], "ordering": "ts",
+                         "delete_when": "op = 'd'", "writer_id": "w", "index_dir": str(tmp_path / "index"),
+                         "num_shards": 2, "metrics_port": 0, **options})
 
 
 def test_the_records_of_a_key_whose_write_changes_its_stored_row_are_set_aside_with_its_reason():
@@ -93,3 +94,19 @@ def test_a_history_table_made_append_only_by_its_owner_is_refused(spark, tmp_pat
 def test_append_only_changes_names_its_values(tmp_path):
     with pytest.raises(ConfigError, match=r"append_only_changes.*'quarantine', 'fail'"):
         config(tmp_path, str(tmp_path / "t"), append_only_changes="drop").validate()
+
+
+@pytest.mark.spark
+def test_a_key_set_aside_for_an_unsent_value_too_leaves_the_rest_applied(spark, tmp_path):
+    """Both kinds of set-aside in one shard: a change to a stored row, and a new key holding
+    unchanged_value (nothing stored to keep): each quarantined with its own reason."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=APPEND_ONLY)
+    sink = UpsertSink(config(tmp_path, uri, tag_on="driver", num_shards=1, unchanged_value="__unsent__"))
+    sink(spark.createDataFrame([Event("a", "d1", 1, "u", "a1")], SCHEMA), 0)
+    sink(spark.createDataFrame([Event("a", "d1", 2, "u", "a2"), Event("g", "d1", 2, "u", "__unsent__"),
+                                Event("h", "d1", 2, "u", "h1")], SCHEMA), 1)
+    assert [(r["id"], r["v"]) for r in spark_rows(spark, uri)] == [("a", "a1"), ("h", "h1")]
+    quarantined = DeltaTable(sink.config.resolved_quarantine_uri).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["_quarantine_reason"].split(":")[0]) for r in quarantined) == [
+        ("a", "append-only table"), ("g", "unsent value")]

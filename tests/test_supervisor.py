@@ -53,8 +53,8 @@ class Streams:
 
 
 class Looks:
-    """A mirror's discovery: nothing at start, a table at the second look, then no more looks;
-    one topic it could not make a table of."""
+    """A mirror's discovery: nothing at start, two tables at the second look (one whose query
+    does not start), then no more looks; one topic it could not make a table of."""
 
     def __init__(self, started: list[str]):
         self.every, self.refused, self.calls, self.started = 0.01, {"cdc.public.bad": "no key"}, 0, started
@@ -64,14 +64,20 @@ class Looks:
         if self.calls == 1:
             return []
         self.every = None
-        return [Table("data/late", "w-late", lambda: self.started.append("data/late") or EndingQuery())]
+        return [Table("data/late", "w-late", lambda: self.started.append("data/late") or EndingQuery()),
+                Table("data/unfit", "w-unfit", unfit)]
 
 
-def test_a_table_discovered_at_a_later_look_is_started_and_a_refused_topic_fails_the_job():
+def unfit():
+    raise ValueError("sink.errors.SchemaError: column 'v' is double in the stream and string in the table")
+
+
+def test_a_table_discovered_at_a_later_look_is_started_and_refused_ones_fail_the_job():
     started = []
     tables = [Table("data/first", "w-first", lambda: started.append("data/first") or EndingQuery())]
     looks = Looks(started)
-    with pytest.raises(TablesFailedError, match=r"^cdc.public.bad got no table: no key$"):
+    with pytest.raises(TablesFailedError, match=r"^cdc.public.bad got no table: no key; data/unfit got no table: "
+                                                r"sink.errors.SchemaError: column 'v' is double in the stream"):
         supervise(Streams(), tables, Backoff(1, 1, 0), poll_seconds=0.01, discovery=looks)
     assert (started, looks.calls, [t.name for t in tables]) == (["data/first", "data/late"], 2,
                                                                  ["data/first", "data/late"])

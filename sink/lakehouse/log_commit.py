@@ -69,7 +69,10 @@ def commit(table: DeltaTable, uri: str, actions: Sequence[Mapping[str, Any]], pr
         raise CommitFailedError(f"{uri}: version {version} was committed by another writer first") from e
     table.update_incremental()
     interval = int(table.metadata().configuration.get("delta.checkpointInterval") or _DEFAULT_CHECKPOINT_INTERVAL)
-    if version % interval == 0 and table.version() == version:
+    # A v2-checkpoint table takes v2 checkpoints only, which delta-rs does not write: its
+    # other writers checkpoint it.
+    if version % interval == 0 and table.version() == version and \
+            "v2Checkpoint" not in (table.protocol().writer_features or ()):
         table.create_checkpoint()
     return version
 

@@ -96,12 +96,32 @@ def test_discovery_skips_taken_topics_waits_for_a_first_message_and_isolates_a_r
                                 locations={"/base/data/other/orders"}, every=60)
     assert [t.name for t in discovery()] == ["/base/data/public/orders"]
     assert discovery.refused == {"cdc.public.broken": "key: the message keys carry no Connect schema",
-                                 "cdc.other.orders": "its table /base/data/other/orders is another table's (a "
-                                                     "[[sink]]'s, or another topic's by mirror.table_uri's template): "
-                                                     "name it by {topic}, or give it a [[sink]]"}
+                                 "cdc.other.orders": "its table's location /base/data/other/orders is another "
+                                                     "table's (a [[sink]]'s, or another topic's by the mirror's "
+                                                     "templates): name it by {topic}, or give it a [[sink]]"}
     empty.clear()
     assert [t.name for t in discovery()] == ["/base/data/public/later"]  # its first message came
     assert built == ["/base/data/public/orders", "/base/data/public/later"]
+
+
+def test_a_checkpoint_two_topics_would_share_is_refused_for_the_second():
+    shared = mirror({**SINK, "table_uri": "data/{schema}/{table}", "checkpoint_dir": "chk/{table}"})
+    discovery = MirrorDiscovery(shared, lambda: ["cdc.a.orders", "cdc.b.orders"],
+                                lambda sink, src: Table(sink.table_uri, "w", lambda: None), taken=set(),
+                                locations=set(), every=None)
+    assert [t.name for t in discovery()] == ["/base/data/a/orders"]
+    assert discovery.refused == {"cdc.b.orders": "its table's location /base/chk/orders is another table's (a "
+                                                 "[[sink]]'s, or another topic's by the mirror's templates): name it "
+                                                 "by {topic}, or give it a [[sink]]"}
+
+
+def test_topics_that_cannot_be_listed_in_a_run_of_one_look_fail_the_job():
+    def unlisted():
+        raise RuntimeError("the broker is away")
+
+    discovery = MirrorDiscovery(mirror(), unlisted, lambda sink, src: None, taken=set(), locations=set(), every=None)
+    assert discovery() == []
+    assert discovery.refused == {"the topics of kafka cdc\\.public\\..* at b:9092": "not listed: the broker is away"}
 
 
 FIELDS = [{"type": "int32", "field": "id"},
