@@ -331,11 +331,14 @@ def _classify(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.
 def _set_aside(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, located: bool, result):
     """The records to set aside (a mask) and why, or None: changes to an append-only table's rows
     (sink.append_only), or unsent values with no stored row (unsent_values = "quarantine")."""
+    unsent = ctx.stream.unchanged_value is not None and ctx.stream.unsent_values == "quarantine" and \
+        ctx.keeps_stored_values
+    if not (ctx.append_only or unsent):  # most tables: nothing to fold keys for
+        return None
     values, groups = _fold_inputs(ctx, rows, inputs, pids, located)
     refused = stored_row_changes(rows, groups, result.write, key_cols=ctx.table.key, table_uri=ctx.table.table_uri,
                                  fails=ctx.stream.append_only_changes == "fail") if ctx.append_only else None
-    if refused is not None or ctx.stream.unchanged_value is None or ctx.stream.unsent_values != "quarantine" or \
-            not ctx.keeps_stored_values:
+    if refused is not None or not unsent:
         return refused
     return unsent_records(rows, values, groups, inputs[2], inputs[4], result.op, result.write,
                           nulls_kept=ctx.ignore_null_updates, unchanged=ctx.stream.unchanged_value,
