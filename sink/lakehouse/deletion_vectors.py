@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 from pyroaring import BitMap64
 
 from sink.errors import DeletionVectorError
+from sink.lakehouse import paths
 
 MAGIC = 1681511377  # RoaringBitmapArrayFormat.Portable
 FILE_VERSION = 1
@@ -53,7 +54,7 @@ class Descriptor:
     def file_location(self, root: str) -> str:
         """Where a stored vector's file is (`root`: the table's location on its filesystem)."""
         if self.storage_type == "p":
-            return self.path_or_inline_dv.removeprefix("file://")
+            return paths.file_location(root, self.path_or_inline_dv)
         prefix, encoded = self.path_or_inline_dv[:-20], self.path_or_inline_dv[-20:]
         name = f"{FILE_PREFIX}{uuid.UUID(bytes=z85_decode(encoded))}{FILE_SUFFIX}"
         return f"{root}/{prefix}/{name}" if prefix else f"{root}/{name}"

@@ -48,6 +48,7 @@ from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.key_locator import KeyLocator, MergedKeys
 from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.log import filesystem
+from sink.lakehouse.paths import file_location
 from sink.lakehouse.stats import stats_json
 from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
 from sink.ordering import arrow_greater
@@ -291,7 +292,7 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
         for r, _ in done:
             for f in r.removes:
                 for cache in (file_cache.WRITTEN, file_cache.PROBED):
-                    cache.discard(f"{root}/{unquote(f.path)}")
+                    cache.discard(file_location(root, f.path))
     marks = [m for _, partition_marks in done for m in partition_marks]
     return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
                    sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks, writes.column_mapping),
@@ -348,13 +349,13 @@ def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping:
         if len(m.rows) < m.physical_rows:
             kept.append(m)
         else:  # no snapshot after this batch's names it
-            file_cache.PROBED.discard(f"{root}/{unquote(m.stored.path)}")
+            file_cache.PROBED.discard(file_location(root, m.stored.path))
     if not kept:
         return []
     descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in kept])
     out = []
     for m, d in zip(kept, descriptors):
-        location = f"{root}/{unquote(m.stored.path)}"
+        location = file_location(root, m.stored.path)
         held = file_cache.PROBED.get(location)
         if held is not None:
             held.deleted = (d, m.rows)
@@ -516,7 +517,7 @@ def matching_files(fs: pafs.FileSystem, root: str, files: Sequence[StoredFile], 
     Parquet has its key and `ordering` columns held (`file_cache.PROBED`) once `stack`
     closes, so probing it again reads nothing."""
     found = []
-    locations = [f"{root}/{unquote(f.path)}" for f in files]
+    locations = [file_location(root, f.path) for f in files]
     stored_rows = [_stored_rows(fs, location, schema, values, mapping) for location in locations]
     merged_at = merged_keys_at(root, values, key_cols)
     held = file_cache.PROBED.get(merged_at)

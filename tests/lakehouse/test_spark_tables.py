@@ -4,6 +4,7 @@ before anything is written, naming the feature, where it cannot."""
 
 import json
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -98,3 +99,39 @@ def test_a_table_spark_created_with_a_feature_delta_rs_cannot_write_is_refused_b
         sink(df, 0)
     assert DeltaTable(uri).version() == version
     assert spark_rows(spark, uri) == []
+
+
+@pytest.mark.parametrize("properties, update_mode", [
+    ("", "rewrite"),
+    ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')", "merge-on-read"),
+], ids=["plain", "deletion vectors"])
+def test_a_shallow_clone_is_updated_and_its_source_left_as_it_was(spark, tmp_path, properties, update_mode):
+    """A shallow clone's add actions name the source's files (and deletion vectors) by
+    absolute, percent-encoded URI: here under a directory with a space, in partitions whose
+    values hold a colon and a percent sign, which Spark escapes in the directory name and the
+    log encodes again. The sink reads, marks and removes them there; the source keeps them."""
+    source, clone = str(tmp_path / "source table"), str(tmp_path / "clone")
+    create(spark, source, properties=properties)
+    batches = [[e._replace(dt=f"{e.dt} 1:x%") if e.dt else e for e in events]
+               for events in random_batches(47, batches=3, per_batch=150, bad_share=0)]
+    batches[0] = [e for e in batches[0] if e.op != "d"]  # Spark writes it: no tombstone holds its deletes
+    # The first batch's rows, and rows deleted again: with deletion vectors, vectors the clone names by path.
+    extra = [(f"x{r['id']}", *list(r.values())[1:]) for r in expected_rows(batches[:1])[::3]]
+    rows = [tuple(r.values()) for r in expected_rows(batches[:1])] + extra
+    spark.createDataFrame(rows, SCHEMA).write.format("delta").mode("append").save(source)
+    spark.sql(f"DELETE FROM delta.`{source}` WHERE id LIKE 'x%'")
+    source_rows, source_version = spark_rows(spark, source), DeltaTable(source).version()
+    spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{source}`")
+    cloned = [a["path"] for _, name, a in log_actions(clone) if name == "add"]
+    assert cloned and all(p.startswith("file:/") and "source%20table" in p and "%253A" in p for p in cloned)
+    sink = UpsertSink(config(tmp_path, clone))
+    for b, events in enumerate(batches[1:], start=1):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        assert spark_rows(spark, clone) == expected_rows(batches[: b + 1]), f"after batch {b}"
+        scanned = pa.table(DeltaTable(clone).scan(columns=["id", "dt", "v"])).to_pylist()
+        assert sorted(scanned, key=lambda r: (r["dt"], r["id"])) == \
+            [{c: r[c] for c in ("id", "dt", "v")} for r in expected_rows(batches[: b + 1])], f"delta-rs, batch {b}"
+    assert [r.mode for r in sink.reports] == [update_mode, update_mode]
+    removed = {a["path"] for _, name, a in log_actions(clone) if name == "remove"}
+    assert removed & set(cloned), "the batches updated rows of the source's files"
+    assert spark_rows(spark, source) == source_rows and DeltaTable(source).version() == source_version
