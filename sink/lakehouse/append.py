@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from deltalake import DeltaTable, write_deltalake
 
+from sink.lakehouse.checkpoints import NO_HOOKS
 from sink.lakehouse.writes import Writes
 
 
 def commit(table: DeltaTable, writes: Writes) -> None:
-    write_deltalake(table, writes.table_rows(), mode="append", commit_properties=writes.props)
+    write_deltalake(table, writes.table_rows(), mode="append", commit_properties=writes.props,
+                    post_commithook_properties=NO_HOOKS)

@@ -15,7 +15,17 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from sink.errors import ConfigError, UnsupportedTableError
-from sink.lakehouse import append, log_commit, merge, merge_task, metadata_commit, open_tables, rewrite, versions
+from sink.lakehouse import (
+    append,
+    checkpoints,
+    log_commit,
+    merge,
+    merge_task,
+    metadata_commit,
+    open_tables,
+    rewrite,
+    versions,
+)
 from sink.lakehouse.column_mapping import ColumnMapping, log_keys, writable
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.features import (
@@ -228,7 +238,7 @@ class DeltaTarget:
         if mode == "append" and not identity:
             append.commit(self.table, writes)
             self.refresh()
-            return CommitOutcome("append", self._landed(app_id, batch_id, before), 0)
+            return CommitOutcome("append", self._after_commit(app_id, batch_id, before), 0)
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
         if mode in ("append", "rewrite", MERGE_ON_READ):  # an append that generates identity values too
             done = rewrite.commit(self.table, self.uri, writes, self.stored_files(), vectors=self._vectors)
@@ -236,7 +246,7 @@ class DeltaTarget:
         else:
             unchanged = merge.commit(self.table, writes, partitions)
         self._record_batch(app_id, batch_id, writes.schema, props)
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions), unchanged)
+        return CommitOutcome(mode, self._after_commit(app_id, batch_id, before), len(partitions), unchanged)
 
     def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
                       key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
@@ -259,7 +269,7 @@ class DeltaTarget:
             raise CommitFailedError(outcome.conflict)
         mode = "merge" if partitions else "append"
         self._record_batch(app_id, batch_id, schema, commit_properties(app_id, batch_id, custom_metadata, mode))
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), len(partitions),
+        return CommitOutcome(mode, self._after_commit(app_id, batch_id, before), len(partitions),
                              max(0, updates - outcome.updated))
 
     def commit_written(self, written: rewrite.Rewrite, app_id: str, batch_id: int,
@@ -276,7 +286,7 @@ class DeltaTarget:
         rewrite.commit_rewrite(self.table, self.uri, written, self.stored_files(), schema, self.partition_by, props,
                                vectors=self._vectors)
         self._record_batch(app_id, batch_id, schema, props)
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), partitions_changed, written.unchanged)
+        return CommitOutcome(mode, self._after_commit(app_id, batch_id, before), partitions_changed, written.unchanged)
 
     def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
@@ -299,7 +309,7 @@ class DeltaTarget:
             if merged.source.num_rows:
                 merge.commit_history(self.table, merged, writes.key_cols, self.partition_by, writes.schema, props)
             self._record_batch(app_id, batch_id, writes.schema, props)
-            return CommitOutcome("merge", self._landed(app_id, batch_id, before), len(merged.partitions)), merged
+            return CommitOutcome("merge", self._after_commit(app_id, batch_id, before), len(merged.partitions)), merged
         done = versions.rewrite_files(self.uri, snapshot, writes)
         mode = "rewrite" if done.rewrite.removes else "append"
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
@@ -307,7 +317,8 @@ class DeltaTarget:
         rewrite.commit_rewrite(self.table, self.uri, done.rewrite, snapshot, writes.schema, self.partition_by, props,
                                vectors=self._vectors)
         self._record_batch(app_id, batch_id, writes.schema, props)
-        return CommitOutcome(mode, self._landed(app_id, batch_id, before), done.rewrite.partitions_rewritten), done
+        landed = self._after_commit(app_id, batch_id, before)
+        return CommitOutcome(mode, landed, done.rewrite.partitions_rewritten), done
 
     def _schema_adding(self, added_columns: Sequence[pa.Field]) -> tuple[list[pa.Field], pa.Schema]:
         """Of the batch's new columns, those the table still lacks, and its schema with them."""
@@ -345,7 +356,8 @@ class DeltaTarget:
                 log_commit.commit(self.table, self.uri, [], props, operation="WRITE", parameters={"mode": "Append"},
                                   metrics={})
             else:
-                write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props)
+                write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props,
+                                post_commithook_properties=checkpoints.NO_HOOKS)
             self.refresh()
 
     def update_mode(self) -> str:
@@ -408,9 +420,11 @@ class DeltaTarget:
         return [read_commit(self.uri, v, self.partition_by, self.partition_log_keys()) or CommitSummary(v, {}, None, {})
                 for v in range(version + 1, self.version() + 1)]
 
-    def _landed(self, app_id: str, batch_id: int, after: int) -> int:
-        """The version carrying (app_id, batch_id), committed after version `after`: the
-        latest version may already be another writer's."""
+    def _after_commit(self, app_id: str, batch_id: int, after: int) -> int:
+        """Checkpoint where Spark would have over the batch's versions; then the version
+        carrying (app_id, batch_id), committed after version `after`: the latest version may
+        already be another writer's."""
+        checkpoints.checkpoint_if_due(self.table, self.uri, after + 1)
         landed = self._version_carrying(app_id, batch_id, after)
         return self.version() if landed is None else landed
 

@@ -8,7 +8,7 @@ writer committed first, that entry exists and the commit fails (CommitFailedErro
 sink's other commits do with no retries: the batch is tagged again against the new version,
 so every conflict check is the strictest one. A table with a reader or writer feature this
 writer does not implement never gets here (`unsupported_feature`). Checkpoints stay
-`deltalake`'s, written at the table's interval as its own commits do.
+`deltalake`'s, written where Spark's writers would (sink.lakehouse.checkpoints).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from deltalake.exceptions import CommitFailedError
 from obstore.exceptions import AlreadyExistsError
 from obstore.store import LocalStore, from_url
 
+from sink.lakehouse import checkpoints
+
 ENGINE_INFO = "delta-upsert-sink"
 # Features whose writer requirements the commit meets: the deletion vectors and identity
 # values (sink.lakehouse.identity) it writes; those
@@ -36,7 +38,6 @@ SUPPORTED_FEATURES = frozenset({
     "deletionVectors", "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns",
     "columnMapping", "timestampNtz", "variantType", "vacuumProtocolCheck", "identityColumns",
 })
-_DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs' default, as its own commits checkpoint
 
 
 def unsupported_feature(table: DeltaTable) -> str | None:
@@ -68,12 +69,8 @@ def commit(table: DeltaTable, uri: str, actions: Sequence[Mapping[str, Any]], pr
     except AlreadyExistsError as e:
         raise CommitFailedError(f"{uri}: version {version} was committed by another writer first") from e
     table.update_incremental()
-    interval = int(table.metadata().configuration.get("delta.checkpointInterval") or _DEFAULT_CHECKPOINT_INTERVAL)
-    # A v2-checkpoint table takes v2 checkpoints only, which delta-rs does not write: its
-    # other writers checkpoint it.
-    if version % interval == 0 and table.version() == version and \
-            "v2Checkpoint" not in (table.protocol().writer_features or ()):
-        table.create_checkpoint()
+    if table.version() == version:
+        checkpoints.checkpoint_if_due(table, uri, version)
     return version
 
 

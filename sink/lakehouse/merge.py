@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
+from sink.lakehouse.checkpoints import NO_HOOKS
 from sink.lakehouse.merge_clauses import (
     MergeClauses,
     UpsertSpec,
@@ -42,7 +43,7 @@ def run(table: DeltaTable, source: pa.Table | pa.RecordBatchReader, clauses: Mer
     """The MERGE of `clauses` from `source` (a reader is streamed: delta-rs' `streamed_exec`);
     its metrics."""
     merger = (table.merge(source, clauses.on, source_alias="s", target_alias="t", streamed_exec=True,
-                          commit_properties=props)
+                          commit_properties=props, post_commithook_properties=NO_HOOKS)
               .when_matched_delete(predicate=clauses.delete))
     for values, condition in clauses.updates:
         merger = merger.when_matched_update(updates=dict(values), predicate=condition)

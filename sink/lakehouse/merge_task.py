@@ -16,6 +16,7 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame
 
 from sink.lakehouse import merge
+from sink.lakehouse.checkpoints import NO_HOOKS
 from sink.lakehouse.merge_clauses import MergeClauses
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, commit_properties, conform
 
@@ -77,7 +78,8 @@ def _commit(task: MergeTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
                                   "merge" if task.clauses else "append")
         try:
             if task.clauses is None:
-                write_deltalake(table, reader, mode="append", commit_properties=props)
+                write_deltalake(table, reader, mode="append", commit_properties=props,
+                                post_commithook_properties=NO_HOOKS)
                 outcome = TaskOutcome()
             else:
                 metrics = merge.run(table, reader, task.clauses, props)

@@ -42,7 +42,7 @@ from pyroaring import BitMap64
 
 from sink import keys
 from sink.errors import CommitCheckError
-from sink.lakehouse import deletion_vectors, file_cache, identity, log_commit
+from sink.lakehouse import checkpoints, deletion_vectors, file_cache, identity, log_commit
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.key_locator import KeyLocator, MergedKeys
@@ -172,7 +172,7 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     removes = [RemoveAction(unquote(f.path), True, now, f.size, f.partition_values) for f in rewrite.removes]
     table.create_write_transaction([*removes, *(w.action for w in rewrite.adds)], mode="append",
                                    schema=table.schema(), partition_by=list(partition_by) or None,
-                                   commit_properties=props)
+                                   commit_properties=props, post_commithook_properties=checkpoints.NO_HOOKS)
     return len(rewrite.removes)
 
 

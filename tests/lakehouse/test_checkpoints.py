@@ -1,0 +1,69 @@
+"""Checkpoints and expired log entries where Spark's writers leave them: after a commit whose
+version is a multiple of `delta.checkpointInterval` (10 unless set), then the log entries
+older than `delta.logRetentionDuration`, unless `delta.enableExpiredLogCleanup` is false."""
+
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from sink import SinkConfig, UpsertSink
+from sink.lakehouse.checkpoints import checkpoint_interval, due, last_checkpoint
+from tests.lakehouse.spark_sql_tables import create, spark_rows
+from tests.oracle import SCHEMA, expected_rows, random_batches
+
+
+@pytest.mark.parametrize("configuration, interval", [
+    ({}, 10), ({"delta.checkpointInterval": "4"}, 4), ({"delta.checkpointInterval": "0"}, 10),
+    ({"delta.checkpointInterval": "often"}, 10),
+])
+def test_the_interval_is_the_tables_or_sparks_default(configuration, interval):
+    assert checkpoint_interval(configuration) == interval
+
+
+@pytest.mark.parametrize("first, last, last_checkpoint, expected", [
+    (9, 9, None, False), (10, 10, None, True), (9, 11, None, True), (11, 19, None, False),
+    (10, 10, 10, False),  # delta-rs' own hook checkpointed it
+    (19, 21, 10, True), (19, 21, 20, False), (31, 41, None, True),
+])
+def test_a_checkpoint_is_due_where_a_multiple_of_the_interval_is_not_covered_yet(first, last, last_checkpoint,
+                                                                                 expected):
+    assert due(first, last, 10, last_checkpoint) is expected
+
+
+def checkpoints(uri: str) -> list[int]:
+    return sorted(int(p.name.split(".")[0]) for p in Path(uri, "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def commits(uri: str) -> list[int]:
+    return sorted(int(p.stem) for p in Path(uri, "_delta_log").glob("*.json"))
+
+
+# Spark keeps the log at least as long as removed files.
+EXPIRING = ("'delta.logRetentionDuration' = 'interval 0 seconds', "
+            "'delta.deletedFileRetentionDuration' = 'interval 0 seconds'")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("properties, expected_checkpoints, first_commit", [
+    ("", [10], 0),
+    ("TBLPROPERTIES ('delta.checkpointInterval' = '4')", [4, 8, 12], 0),
+    (f"TBLPROPERTIES ({EXPIRING})", [10], 10),
+    (f"TBLPROPERTIES ({EXPIRING}, 'delta.enableExpiredLogCleanup' = 'false')", [10], 0),
+], ids=["spark's default interval", "the table's interval", "expired entries removed", "cleanup turned off"])
+def test_the_sinks_batches_checkpoint_and_clean_the_log_as_sparks_writers_would(spark, tmp_path, properties,
+                                                                               expected_checkpoints, first_commit):
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=properties)
+    sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts",
+                                 delete_when="op = 'd'", writer_id="w", index_dir=str(tmp_path / "index"),
+                                 metrics_port=0, tag_on="driver", engine="deltalake"))
+    batches = random_batches(53, batches=12, per_batch=30, bad_share=0)
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    # Version 0: Spark's CREATE; 1: the sink's contract; then one version per batch.
+    assert DeltaTable(uri).version() == 13
+    assert checkpoints(uri) == expected_checkpoints and last_checkpoint(uri) == expected_checkpoints[-1]
+    assert commits(uri) == list(range(first_commit, 14))
+    assert spark_rows(spark, uri) == expected_rows(batches)
+    assert sorted(DeltaTable(uri).to_pandas()["id"]) == sorted(r["id"] for r in expected_rows(batches))
