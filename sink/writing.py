@@ -29,6 +29,7 @@ from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse import versions
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
+from sink.lakehouse.file_layout import DEFAULT_LAYOUT, FileLayout
 from sink.lakehouse.identity import IdentityColumn, IdentityValues
 from sink.lakehouse.rewrite import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, rewrite_files
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
@@ -68,6 +69,7 @@ class WriteContext:
     # tasks from its own share (sink.lakehouse.identity).
     identity: tuple[IdentityColumn, ...] = ()
     tasks: int = 1
+    layout: FileLayout = DEFAULT_LAYOUT  # what the table's properties ask of new files
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -95,7 +97,8 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
     if ctx.identity:
         identity = IdentityValues(ctx.identity, stride=ctx.tasks, offset=TaskContext.get().partitionId())
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
-                    ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data, ctx.column_mapping, identity)
+                    ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data, ctx.column_mapping, identity,
+                    ctx.layout)
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
     yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),

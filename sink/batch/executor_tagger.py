@@ -156,7 +156,7 @@ class ExecutorTagger:
             output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version, history=history,
             merge_on_read=self._target.update_mode() == MERGE_ON_READ,
             change_data=self._target.change_data_feed(), column_mapping=self._target.column_mapping(),
-            identity=self._target.written_identity(), tasks=ctx.num_shards,
+            identity=self._target.written_identity(), tasks=ctx.num_shards, layout=self._target.file_layout(),
         )
         route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
                                             INSERT_SPLIT)

@@ -42,6 +42,7 @@ from sink.lakehouse.features import (
     unwritable_reason,
     writes_deletion_vectors,
 )
+from sink.lakehouse.file_layout import FileLayout
 from sink.lakehouse.identity import IdentityColumn, IdentityValues
 from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.log import CommitSummary, filesystem, read_app_versions, read_commit
@@ -234,8 +235,11 @@ class DeltaTarget:
         identity = self.written_identity()
         writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
                         props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed(),
-                        column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None)
-        if mode == "append" and not identity:
+                        column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None,
+                        layout=self.file_layout())
+        # delta-rs writes an append's files under their partition's folder: a table asking
+        # for random prefixes gets the sink's own writer.
+        if mode == "append" and not identity and not writes.layout.random_prefix_length:
             append.commit(self.table, writes)
             self.refresh()
             return CommitOutcome("append", self._after_commit(app_id, batch_id, before), 0)
@@ -395,6 +399,10 @@ class DeltaTarget:
 
     def column_mapping(self) -> ColumnMapping | None:
         return ColumnMapping.of(self.table)
+
+    def file_layout(self) -> FileLayout:
+        mapping = self.column_mapping()
+        return FileLayout.of(self.table.metadata().configuration, mapping.physical if mapping else None)
 
     def _generates_identity(self) -> bool:
         """The sink's own commits may generate this table's identity values (delta-rs'

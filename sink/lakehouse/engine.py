@@ -18,6 +18,7 @@ from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.contract import Contract
 from sink.lakehouse.delta_rs import CommitOutcome, DeltaTarget
 from sink.lakehouse.delta_spark import DeltaSparkTarget
+from sink.lakehouse.file_layout import FileLayout
 from sink.lakehouse.identity import IdentityColumn
 from sink.lakehouse.log import CommitSummary
 
@@ -83,6 +84,9 @@ class DeltaEngine(Protocol):
 
     def column_mapping(self) -> ColumnMapping | None:
         """The table's column mapping, under which a rewrite reads and writes its files."""
+
+    def file_layout(self) -> FileLayout:
+        """What the table's properties ask of the files a rewrite writes."""
 
     def written_identity(self) -> tuple[IdentityColumn, ...]:
         """The identity columns whose values the sink's commits generate for new rows."""

@@ -45,6 +45,7 @@ from sink.errors import CommitCheckError
 from sink.lakehouse import checkpoints, deletion_vectors, file_cache, identity, log_commit
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
+from sink.lakehouse.file_layout import DEFAULT_LAYOUT, FileLayout
 from sink.lakehouse.key_locator import KeyLocator, MergedKeys
 from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.log import filesystem
@@ -295,7 +296,8 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
                     cache.discard(file_location(root, f.path))
     marks = [m for _, partition_marks in done for m in partition_marks]
     return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
-                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks, writes.column_mapping),
+                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks, writes.column_mapping,
+                                                                           writes.layout),
                    [c for r, _ in done for c in r.changes],
                    [writes.identity.high()] if writes.identity and writes.identity.high() else [])
 
@@ -315,7 +317,8 @@ def rewrite_partition(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Ma
                                                                  mapping)]
     probe = ProbeColumns(file_key_columns(writes.key_cols, writes.partition_by), writes.ordering)
     return Rewrite(write_partition_files(fs, root, done.outputs, values, data_schema, mapping,
-                                         probe=probe if writes.merge_on_read else None), done.removed,
+                                         probe=probe if writes.merge_on_read else None, layout=writes.layout),
+                   done.removed,
                    done.unchanged, changes=changes), done.marks
 
 
@@ -340,8 +343,8 @@ class Mark:
     metadata: pq.FileMetaData | None = None  # its Parquet footer, when the probe read it
 
 
-def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping: ColumnMapping | None
-                 ) -> list[MarkedFile]:
+def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping: ColumnMapping | None,
+                 layout: FileLayout) -> list[MarkedFile]:
     """Write the marks' deletion vectors (one file for all of them) and pair them with their
     files; a file whose every row is deleted is only removed (its remove is already listed)."""
     kept = []
@@ -359,18 +362,18 @@ def _store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping:
         held = file_cache.PROBED.get(location)
         if held is not None:
             held.deleted = (d, m.rows)
-        out.append(MarkedFile(m.stored, d, _wide_stats(fs, location, m, held, mapping)))
+        out.append(MarkedFile(m.stored, d, _wide_stats(fs, location, m, held, mapping, layout)))
     return out
 
 
 def _wide_stats(fs: pafs.FileSystem, location: str, mark: Mark, held: file_cache.ProbedColumns | None,
-                mapping: ColumnMapping | None) -> str:
+                mapping: ColumnMapping | None, layout: FileLayout) -> str:
     """A marked file's stats: its physical row count, its footer's bounds, not tight (the
     protocol's requirement for a file with a deletion vector, and what Spark writes); under a
     column `mapping`, of the table's columns alone, keyed by physical name. Kept with the
     file's probe entry (`held`): a file merge-on-read leaves in place is marked again by most
     batches, and its footer does not change."""
-    columns = None if mapping is None else tuple(mapping.physical.items())
+    columns = (None if mapping is None else tuple(mapping.physical.items()), layout)
     if held is not None and columns in held.marked_stats:
         return held.marked_stats[columns]
     metadata = mark.metadata or pq.read_metadata(location, filesystem=fs)
@@ -380,7 +383,7 @@ def _wide_stats(fs: pafs.FileSystem, location: str, mark: Mark, held: file_cache
         in_file = mapping.file_columns(schema)
         schema = pa.schema([schema.field(in_file[c]).with_name(mapping.physical[c]) for c in in_file])
         skip = mapping.partition_values(skip)
-    stats = json.loads(stats_json(metadata, schema, skip=skip))
+    stats = json.loads(stats_json(metadata, schema, skip=skip, layout=layout))
     text = json.dumps({**stats, "numRecords": mark.physical_rows, "tightBounds": False})
     if held is not None:
         held.marked_stats[columns] = text
@@ -962,19 +965,21 @@ class ProbeColumns:
 
 def write_partition_files(fs: pafs.FileSystem, root: str, tables: Sequence[pa.Table],
                           values: Mapping[str, str | None], data_schema: pa.Schema,
-                          mapping: ColumnMapping | None = None, *, probe: ProbeColumns | None = None
-                          ) -> list[WrittenFile]:
-    """One partition's new data files, one per table: which columns to dictionary-encode is
-    decided once, on the largest (a partition's files hold alike values)."""
+                          mapping: ColumnMapping | None = None, *, probe: ProbeColumns | None = None,
+                          layout: FileLayout = DEFAULT_LAYOUT) -> list[WrittenFile]:
+    """One partition's new data files, one per table (split where larger than the `layout`'s
+    target size): which columns to dictionary-encode is decided once, on the largest (a
+    partition's files hold alike values)."""
     if not tables:
         return []
     dictionary = _dictionary_columns(max(tables, key=lambda t: t.num_rows).select(data_schema.names))
-    return [write_file(fs, root, t, values, data_schema, dictionary, mapping, probe=probe) for t in tables]
+    return [write_file(fs, root, piece, values, data_schema, dictionary, mapping, probe=probe, layout=layout)
+            for t in tables for piece in layout.split(t)]
 
 
 def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
                data_schema: pa.Schema, dictionary: Sequence[str], mapping: ColumnMapping | None = None, *,
-               probe: ProbeColumns | None = None) -> WrittenFile:
+               probe: ProbeColumns | None = None, layout: FileLayout = DEFAULT_LAYOUT) -> WrittenFile:
     """One new data file (partition columns live in the log, not in the file) and its action;
     `dictionary`: the columns to dictionary-encode (`_dictionary_columns`); under a column
     `mapping` the file and its stats name the columns by physical name. Its rows are held for
@@ -985,7 +990,7 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
     stored = data if mapping is None else mapping.to_physical(data)
     if mapping is not None:
         dictionary = mapping.physical_names(dictionary)
-    folder = _partition_folder(values, mapping)
+    folder = layout.folder(_partition_folder(values, mapping))
     path = f"{folder}part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     metadata: list[pq.FileMetaData] = []
     fs.create_dir(f"{root}/{folder}".rstrip("/"), recursive=True)
@@ -1002,7 +1007,7 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
             metadata[0].schema.to_arrow_schema(), metadata[0],
             {in_file(c): _one_chunk(data.column(c)) for c in held if c in data_schema.names},
             KeyLocator.of(row_keys(data, probe.key_cols)) if searched else None))
-    stats = stats_json(metadata[0], stored.schema)
+    stats = stats_json(metadata[0], stored.schema, layout=layout)
     action = AddAction(path, size, dict(values), int(time.time() * 1000), True, stats)
     return WrittenFile(action, metadata[0].schema.to_arrow_schema())
 

@@ -14,18 +14,17 @@ from datetime import UTC
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# delta.dataSkippingNumIndexedCols' default: stats for the first 32 columns.
-INDEXED_COLUMNS = 32
+from sink.lakehouse.file_layout import DEFAULT_LAYOUT, FileLayout
 
 
-def stats_json(metadata: pq.FileMetaData, schema: pa.Schema, indexed: int = INDEXED_COLUMNS,
-               skip: Collection[str] = ()) -> str:
-    """`numRecords`, `minValues`, `maxValues` and `nullCount` of the file's first `indexed`
-    columns (not counting `skip`, e.g. partition columns)."""
+def stats_json(metadata: pq.FileMetaData, schema: pa.Schema, skip: Collection[str] = (),
+               layout: FileLayout = DEFAULT_LAYOUT) -> str:
+    """`numRecords`, `minValues`, `maxValues` and `nullCount` of the file's columns the
+    table's `layout` asks statistics for (not counting `skip`, e.g. partition columns)."""
     mins: dict[str, object] = {}
     maxs: dict[str, object] = {}
     nulls: dict[str, int] = {}
-    columns = [f for f in schema if f.name not in skip][:indexed]
+    columns = layout.stats_fields(schema, skip)
     leaves = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
     groups = [metadata.row_group(g) for g in range(metadata.num_row_groups) if metadata.row_group(g).num_rows]
     for f in columns:

@@ -13,6 +13,7 @@ from deltalake import CommitProperties, Transaction
 
 from sink import keys
 from sink.lakehouse.column_mapping import ColumnMapping
+from sink.lakehouse.file_layout import DEFAULT_LAYOUT, FileLayout
 from sink.lakehouse.identity import IdentityValues
 from sink.lakehouse.log import USER_METADATA, commit_record
 from sink.partial import has_unchanged
@@ -45,6 +46,7 @@ class Writes:
     change_data: bool = False
     column_mapping: ColumnMapping | None = None
     identity: IdentityValues | None = None
+    layout: FileLayout = DEFAULT_LAYOUT  # what the table's properties ask of new files
 
     @property
     def partial(self) -> bool:
