@@ -1,15 +1,17 @@
 """Checkpoints and expired log entries where Spark's writers leave them: after a commit whose
 version is a multiple of `delta.checkpointInterval` (10 unless set), then the log entries
-older than `delta.logRetentionDuration`, unless `delta.enableExpiredLogCleanup` is false."""
+older than `delta.logRetentionDuration`, unless `delta.enableExpiredLogCleanup` is false;
+removed files for VACUUM to keep for `delta.deletedFileRetentionDuration`."""
 
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from deltalake import DeltaTable
 
 from sink import SinkConfig, UpsertSink
 from sink.lakehouse.checkpoints import checkpoint_interval, due, last_checkpoint
-from tests.lakehouse.spark_sql_tables import create, spark_rows
+from tests.lakehouse.spark_sql_tables import create, log_actions, spark_rows
 from tests.oracle import SCHEMA, expected_rows, random_batches
 
 
@@ -67,3 +69,32 @@ def test_the_sinks_batches_checkpoint_and_clean_the_log_as_sparks_writers_would(
     assert commits(uri) == list(range(first_commit, 14))
     assert spark_rows(spark, uri) == expected_rows(batches)
     assert sorted(DeltaTable(uri).to_pandas()["id"]) == sorted(r["id"] for r in expected_rows(batches))
+
+
+@pytest.mark.spark
+def test_files_the_sink_removes_are_kept_by_vacuum_for_the_tables_retention(spark, tmp_path):
+    """The sink deletes no file itself; its removes carry their time, by which Spark's VACUUM
+    keeps them for `delta.deletedFileRetentionDuration` and then lists them, and no other."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties="TBLPROPERTIES ('delta.deletedFileRetentionDuration' = 'interval 1 days')")
+    sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts",
+                                 delete_when="op = 'd'", writer_id="w", index_dir=str(tmp_path / "index"),
+                                 metrics_port=0, tag_on="driver", engine="deltalake"))
+    batches = random_batches(67, batches=3, per_batch=60, bad_share=0)
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    removed = {str(Path(uri, unquote(a["path"]))) for _, name, a in log_actions(uri) if name == "remove"}
+    assert removed and all(Path(p).exists() for p in removed)
+
+    def vacuumed() -> set[str]:
+        return {r[0].removeprefix("file:") for r in spark.sql(f"VACUUM delta.`{uri}` DRY RUN").collect()}
+
+    assert vacuumed() == set()
+    spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES "
+              "('delta.deletedFileRetentionDuration' = 'interval 0 hours')")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        assert vacuumed() == removed
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    assert spark_rows(spark, uri) == expected_rows(batches)
