@@ -103,6 +103,7 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
     changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
     yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),
                                                   "unchanged": rewrite.unchanged,
+                                                  "row_changes": rewrite.row_changes,
                                                   "seconds": time.perf_counter() - started,
                                                   "identity": rewrite.identity_highs})
 
@@ -134,7 +135,8 @@ class Written:
 def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
     adds, removes, marked, changes, rows, changed, unchanged, seconds, history = [], [], [], [], 0, 0, 0, 0.0, None
-    identity_highs = []
+    identity_highs: list[dict[str, int]] = []
+    row_changes: dict[str, int] = {}
     for action in map(json.loads, texts):
         if "add" in action:
             a = action["add"]
@@ -156,9 +158,12 @@ def read_written(texts: list[str]) -> Written:
             unchanged += task["unchanged"]
             seconds += task["seconds"]
             identity_highs += task.get("identity", [])
+            for change, n in task.get("row_changes", {}).items():
+                row_changes[change] = row_changes.get(change, 0) + n
             if "history" in task:
                 history = _summed(history or {}, task["history"])
-    return Written(Rewrite(adds, removes, unchanged, marked, changes, identity_highs), rows, changed, seconds, history)
+    return Written(Rewrite(adds, removes, unchanged, marked, changes, identity_highs, row_changes), rows, changed,
+                   seconds, history)
 
 
 def _summed(total: dict, more: dict) -> dict:
@@ -189,13 +194,15 @@ def marked_json(marked: MarkedFile) -> dict:
 def _stored_json(stored: StoredFile) -> dict:
     vector = stored.deletion_vector
     return {"path": stored.path, "size": stored.size, "partition_values": stored.partition_values,
-            "deletion_vector": vector.to_json() if vector is not None else None}
+            "deletion_vector": vector.to_json() if vector is not None else None,
+            "modification_time": stored.modification_time, "num_records": stored.num_records}
 
 
 def _stored(d: dict) -> StoredFile:
     vector = d["deletion_vector"]
     return StoredFile(d["path"], d["size"], d["partition_values"],
-                      Descriptor.from_json(vector) if vector is not None else None)
+                      Descriptor.from_json(vector) if vector is not None else None, d["modification_time"],
+                      d["num_records"])
 
 
 def _file_rows(schema: pa.Schema, rewrite: Rewrite, task: dict) -> pa.RecordBatch:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ def commit(table: DeltaTable, uri: str, actions: Sequence[Mapping[str, Any]], pr
     info = {"timestamp": now, "operation": operation, "operationParameters": dict(parameters),
             "readVersion": version - 1, "isolationLevel": "Serializable", "isBlindAppend": False,
             "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE_INFO,
+            "txnId": str(uuid.uuid4()),
             **({"tags": dict(tags)} if tags else {}), **(props.custom_metadata or {})}
     txns = [{"txn": {"appId": t.app_id, "version": t.version, "lastUpdated": now}}
             for t in props.app_transactions or ()]

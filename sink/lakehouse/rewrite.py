@@ -51,7 +51,17 @@ from sink.lakehouse.live_vectors import LiveDeletionVectors
 from sink.lakehouse.log import filesystem
 from sink.lakehouse.paths import file_location
 from sink.lakehouse.stats import stats_json
-from sink.lakehouse.writes import DELETE, PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing, conform, partition_string
+from sink.lakehouse.writes import (
+    DELETE,
+    INSERT,
+    PARTIAL_COLUMN,
+    UPDATE,
+    WRITE_COLUMN,
+    Writes,
+    changing,
+    conform,
+    partition_string,
+)
 from sink.ordering import arrow_greater
 from sink.partial import has_unchanged, keep_unchanged
 
@@ -75,6 +85,9 @@ class StoredFile:
     size: int
     partition_values: dict[str, str | None]
     deletion_vector: Descriptor | None = None  # the rows of the file the table no longer holds
+    # Kept on the actions that name it again: a marked file's `add`, its `remove` (as Spark's).
+    modification_time: int | None = None
+    num_records: int | None = None  # its physical rows, by its statistics
 
 
 @dataclass(frozen=True)
@@ -115,16 +128,12 @@ class Rewrite:
     # Per writer of its new rows (the thread pool, each Spark task), per identity column the
     # value furthest along its step it handed out: the commit raises the high-water marks.
     identity_highs: list[dict[str, int]] = field(default_factory=list)
+    # The table's rows it inserts, updates (not counting `unchanged`) and deletes, by WRITE_COLUMN.
+    row_changes: dict[str, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not (self.adds or self.removes)
-
-    @property
-    def needs_log_commit(self) -> bool:
-        """Its actions carry deletion vectors or change files, which `create_write_transaction`
-        cannot commit."""
-        return bool(self.marked or self.changes) or any(f.deletion_vector is not None for f in self.removes)
 
     @property
     def partitions_rewritten(self) -> int:
@@ -153,18 +162,15 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
         return 0
     mapping = ColumnMapping.of(table)
     check_actions(uri, rewrite, snapshot, schema, partition_by, mapping)
-    # Under column mapping the log keys partition values by physical name: the sink's own
-    # commit writes them so (create_write_transaction takes them as given). A table with
-    # identity columns is not delta-rs' to write; new identity values raise their columns'
-    # high-water marks in the same commit.
-    if rewrite.needs_log_commit or mapping is not None or identity.IdentityColumn.of(table):
+    # The sink's own commit, as Spark's MERGE writes one (deletion vectors, change files,
+    # partition values by physical name under column mapping, identity high-water marks in
+    # the same commit, a remove's stats and a marked file's modification time kept, metrics
+    # as Spark names them); delta-rs' create_write_transaction for a table with a feature
+    # that commit does not write (v2 checkpoints).
+    if log_commit.unsupported_feature(table) is None:
         raised = [identity.metadata_action(table, rewrite.identity_highs)] if rewrite.identity_highs else []
-        # New rows alone (an identity table's append) read as the append they are.
-        operation, parameters = (("MERGE", {"predicate": "[]", "commitPath": "merge-on-read"}) if rewrite.removes
-                                 else ("WRITE", {"mode": "Append"}))
         actions = [*raised, *log_actions(rewrite, mapping)]
-        version = log_commit.commit(table, uri, actions, props, operation=operation, parameters=parameters,
-                                    metrics=log_metrics(rewrite),
+        version = log_commit.commit(table, uri, actions, props, **operation_of(rewrite),
                                     tags={identity.SCHEMA_UPDATE_TAG: "true"} if raised else None)
         if vectors is not None:
             vectors.advance(version, actions)
@@ -191,12 +197,15 @@ def log_actions(rewrite: Rewrite, mapping: ColumnMapping | None = None) -> list[
     for f in rewrite.removes:
         remove = {"path": f.path, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
                   "partitionValues": keyed(f.partition_values), "size": f.size}
+        if f.num_records is not None:
+            remove["stats"] = json.dumps({"numRecords": f.num_records}, separators=(",", ":"))
         if f.deletion_vector is not None:
             remove["deletionVector"] = f.deletion_vector.to_json()
         actions.append({"remove": remove})
     for m in rewrite.marked:
         actions.append({"add": {"path": m.stored.path, "partitionValues": keyed(m.stored.partition_values),
-                                "size": m.stored.size, "modificationTime": now, "dataChange": True, "stats": m.stats,
+                                "size": m.stored.size, "modificationTime": m.stored.modification_time or now,
+                                "dataChange": True, "stats": m.stats,
                                 "deletionVector": m.deletion_vector.to_json()}})
     for w in rewrite.adds:
         a = w.action
@@ -209,10 +218,27 @@ def log_actions(rewrite: Rewrite, mapping: ColumnMapping | None = None) -> list[
     return actions
 
 
+def operation_of(rewrite: Rewrite) -> dict:
+    """The commit's operation, its parameters and its metrics, as Spark names them: new rows
+    alone (an identity table's append, a table with random file prefixes) read as the WRITE
+    they are, anything else as a MERGE."""
+    written = sum(json.loads(w.action.stats)["numRecords"] for w in rewrite.adds)
+    if not rewrite.removes:
+        return {"operation": "WRITE", "parameters": {"mode": "Append"},
+                "metrics": {"numFiles": len(rewrite.adds), "numOutputRows": written,
+                            "numOutputBytes": sum(w.action.size for w in rewrite.adds)}}
+    path = "merge-on-read" if rewrite.marked else "copy-on-write"
+    return {"operation": "MERGE", "parameters": {"predicate": "[]", "commitPath": path},
+            "metrics": log_metrics(rewrite)}
+
+
 def log_metrics(rewrite: Rewrite) -> dict[str, int]:
     """The commit's metrics, named as Spark's MERGE names them."""
     updated = sum(m.stored.deletion_vector is not None for m in rewrite.marked)
-    return {"numTargetFilesAdded": len(rewrite.adds),
+    rows = {f"numTargetRows{name}": rewrite.row_changes[change]
+            for change, name in ((INSERT, "Inserted"), (UPDATE, "Updated"), (DELETE, "Deleted"))
+            if change in rewrite.row_changes}
+    return {**rows, "numTargetFilesAdded": len(rewrite.adds),
             "numTargetFilesRemoved": len(rewrite.removes) - len(rewrite.marked),
             "numTargetDeletionVectorsAdded": len(rewrite.marked),
             "numTargetDeletionVectorsUpdated": updated,
@@ -230,13 +256,20 @@ def stored_files(table: DeltaTable, partition_by: Sequence[str],
     vectors = vectors or {}
     out: dict[str, list[StoredFile]] = {}
     pids: dict[tuple[str | None, ...], str] = {}  # a partition's files are many: its id is named once
-    for path, size, typed in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(),
-                                 values):
+    columns = [actions.column(c).to_pylist() for c in ("path", "size_bytes", "modification_time", "num_records")]
+    for (path, size, modified, records), typed in zip(zip(*columns), values):
         strings = {c: partition_string(typed[c]) for c in partition_by}
         named = tuple(strings.values())
         pid = pids.get(named) or pids.setdefault(named, keys.partition_id(partition_by, named))
-        out.setdefault(pid, []).append(StoredFile(path, size, strings, vectors.get(unquote(path))))
+        out.setdefault(pid, []).append(StoredFile(path, size, strings, vectors.get(unquote(path)), modified, records))
     return out
+
+
+def row_changes(rows: pa.Table, unchanged: int) -> dict[str, int]:
+    """The rows a batch's writes insert, update and delete in the table (`unchanged`: updates
+    that found the stored row holding their values)."""
+    counts = {c["values"]: c["counts"] for c in pc.value_counts(rows.column(WRITE_COLUMN)).to_pylist()}
+    return {INSERT: counts.get(INSERT, 0), UPDATE: counts.get(UPDATE, 0) - unchanged, DELETE: counts.get(DELETE, 0)}
 
 
 def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Writes) -> Rewrite:
@@ -295,11 +328,12 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
                 for cache in (file_cache.WRITTEN, file_cache.PROBED):
                     cache.discard(file_location(root, f.path))
     marks = [m for _, partition_marks in done for m in partition_marks]
-    return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
-                   sum(r.unchanged for r, _ in done), _store_marks(fs, root, marks, writes.column_mapping,
-                                                                           writes.layout),
+    unchanged = sum(r.unchanged for r, _ in done)
+    return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes], unchanged,
+                   _store_marks(fs, root, marks, writes.column_mapping, writes.layout),
                    [c for r, _ in done for c in r.changes],
-                   [writes.identity.high()] if writes.identity and writes.identity.high() else [])
+                   [writes.identity.high()] if writes.identity and writes.identity.high() else [],
+                   row_changes(writes.rows, unchanged))
 
 
 def rewrite_partition(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,7 +22,7 @@ from sink.partial import has_unchanged
 WRITE_COLUMN = "__sink_write"
 # ignore_null_updates: on an update, whether its null columns keep the stored values.
 PARTIAL_COLUMN = "__sink_partial"
-UPDATE, DELETE = "update", "delete"
+INSERT, UPDATE, DELETE = "insert", "update", "delete"
 
 
 @dataclass(frozen=True)
@@ -102,5 +103,7 @@ def commit_properties(app_id: str, batch_id: int, custom_metadata: Mapping[str, 
     is in its metadata: a rewrite's operation reads WRITE, as an append's. The metadata is in
     the commit info and, as Spark commits carry it, as JSON in its userMetadata."""
     recorded = commit_record(app_id, batch_id, custom_metadata, mode)
-    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
-                            custom_metadata={**recorded, USER_METADATA: json.dumps(recorded)}, max_commit_retries=0)
+    # txnId: the commit attempt's id, as Spark's commit info carries it (delta-rs' has none).
+    metadata = {**recorded, USER_METADATA: json.dumps(recorded), "txnId": str(uuid.uuid4())}
+    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)], custom_metadata=metadata,
+                            max_commit_retries=0)

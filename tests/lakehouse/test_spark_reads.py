@@ -37,7 +37,7 @@ def test_spark_reads_the_sinks_table_its_commits_and_its_app_transaction(spark, 
     assert count == len(expected_rows(batches))
     history = {r.version: r for r in spark.sql(f"DESCRIBE HISTORY delta.`{cfg.table_uri}`").collect()}
     assert sorted(history) == list(range(sink.reports[-1].table_version + 1))
-    operations = {"append": {"WRITE"}, "rewrite": {"WRITE"}, "merge": {"MERGE"}}
+    operations = {"append": {"WRITE"}, "rewrite": {"MERGE"}, "merge": {"MERGE"}}
     for report in sink.reports:
         assert history[report.table_version].operation in operations[report.mode], report.summary()
     assert {r.mode for r in sink.reports} >= {"append", "merge" if commit_mode == "merge" else "rewrite"}

@@ -135,3 +135,44 @@ def test_a_shallow_clone_is_updated_and_its_source_left_as_it_was(spark, tmp_pat
     removed = {a["path"] for _, name, a in log_actions(clone) if name == "remove"}
     assert removed & set(cloned), "the batches updated rows of the source's files"
     assert spark_rows(spark, source) == source_rows and DeltaTable(source).version() == source_version
+
+
+@pytest.mark.parametrize("properties, update_mode", [
+    ("", "rewrite"),
+    ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')", "merge-on-read"),
+], ids=["copy-on-write", "deletion vectors"])
+def test_the_sinks_update_commits_read_as_sparks_merge(spark, tmp_path, properties, update_mode):
+    """What DESCRIBE HISTORY dashboards and log readers take from a commit: the operation and
+    its metrics as Spark names them, a txnId per commit, a remove with the file's row count,
+    a marked file's add with its modification time."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties=properties)
+    batches = random_batches(71, batches=3, per_batch=150, bad_share=0)
+    sink = UpsertSink(config(tmp_path, uri))
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA), b)
+    assert [r.mode for r in sink.reports] == ["append", update_mode, update_mode]
+    history = {r.version: r for r in spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").collect()}
+    infos = {v: a for v, name, a in log_actions(uri) if name == "commitInfo"}
+    sinks = [r.table_version for r in sink.reports]
+    assert len({infos[v]["txnId"] for v in sinks}) == 3 and all(len(infos[v]["txnId"]) == 36 for v in sinks)
+    for report in sink.reports[1:]:
+        row = history[report.table_version]
+        assert row.operation == "MERGE" and row.operationParameters["commitPath"] == (
+            "merge-on-read" if properties else "copy-on-write")
+        metrics = {k: int(v) for k, v in row.operationMetrics.items()}
+        assert (metrics["numTargetRowsInserted"], metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"]) \
+            == (report.ops["insert"], report.ops["update"], report.ops["delete"]), report.summary()
+    adds: dict[str, dict] = {}  # the latest add of each path
+    removed, marked = 0, 0
+    for version, name, action in log_actions(uri):
+        stored = adds.get(action.get("path"))
+        if name == "remove" and version in sinks:
+            assert json.loads(action["stats"]) == {"numRecords": json.loads(stored["stats"])["numRecords"]}
+            removed += 1
+        if name == "add":
+            if version in sinks and stored is not None:
+                assert action["modificationTime"] == stored["modificationTime"]
+                marked += 1
+            adds[action["path"]] = action
+    assert removed > 0 and (marked > 0) == bool(properties)
