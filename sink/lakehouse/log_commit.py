@@ -33,11 +33,11 @@ ENGINE_INFO = "delta-upsert-sink"
 # values (sink.lakehouse.identity) it writes; those
 # that ask nothing of this commit while unused (a table using one commits through a MERGE:
 # sink.lakehouse.features; a variant column, which delta-rs lists the feature for on any
-# property change, would fail the files' schema check); and those that constrain only readers
-# or VACUUM.
+# property change, would fail the files' schema check); and those that constrain only readers,
+# VACUUM or checkpoints (none is written on a v2-checkpoint table: sink.lakehouse.checkpoints).
 SUPPORTED_FEATURES = frozenset({
     "deletionVectors", "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns",
-    "columnMapping", "timestampNtz", "variantType", "vacuumProtocolCheck", "identityColumns",
+    "columnMapping", "timestampNtz", "variantType", "vacuumProtocolCheck", "identityColumns", "v2Checkpoint",
 })
 
 

@@ -37,12 +37,12 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import AddAction
 from pyroaring import BitMap64
 
 from sink import keys
 from sink.errors import CommitCheckError
-from sink.lakehouse import checkpoints, deletion_vectors, file_cache, identity, log_commit
+from sink.lakehouse import deletion_vectors, file_cache, identity, log_commit
 from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.file_layout import DEFAULT_LAYOUT, FileLayout
@@ -165,21 +165,13 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     # The sink's own commit, as Spark's MERGE writes one (deletion vectors, change files,
     # partition values by physical name under column mapping, identity high-water marks in
     # the same commit, a remove's stats and a marked file's modification time kept, metrics
-    # as Spark names them); delta-rs' create_write_transaction for a table with a feature
-    # that commit does not write (v2 checkpoints).
-    if log_commit.unsupported_feature(table) is None:
-        raised = [identity.metadata_action(table, rewrite.identity_highs)] if rewrite.identity_highs else []
-        actions = [*raised, *log_actions(rewrite, mapping)]
-        version = log_commit.commit(table, uri, actions, props, **operation_of(rewrite),
-                                    tags={identity.SCHEMA_UPDATE_TAG: "true"} if raised else None)
-        if vectors is not None:
-            vectors.advance(version, actions)
-        return len(rewrite.removes)
-    now = int(time.time() * 1000)
-    removes = [RemoveAction(unquote(f.path), True, now, f.size, f.partition_values) for f in rewrite.removes]
-    table.create_write_transaction([*removes, *(w.action for w in rewrite.adds)], mode="append",
-                                   schema=table.schema(), partition_by=list(partition_by) or None,
-                                   commit_properties=props, post_commithook_properties=checkpoints.NO_HOOKS)
+    # as Spark names them): delta-rs' create_write_transaction writes none of these.
+    raised = [identity.metadata_action(table, rewrite.identity_highs)] if rewrite.identity_highs else []
+    actions = [*raised, *log_actions(rewrite, mapping)]
+    version = log_commit.commit(table, uri, actions, props, **operation_of(rewrite),
+                                tags={identity.SCHEMA_UPDATE_TAG: "true"} if raised else None)
+    if vectors is not None:
+        vectors.advance(version, actions)
     return len(rewrite.removes)
 
 

@@ -32,8 +32,9 @@ def config(tmp_path, uri: str) -> SinkConfig:
     ("TBLPROPERTIES ('delta.columnMapping.mode' = 'id', 'delta.enableDeletionVectors' = 'true', "
      "'delta.enableChangeDataFeed' = 'true')", "", "merge-on-read"),
     ("", "ts_not_negative CHECK (ts >= 0)", "rewrite"),
+    ("TBLPROPERTIES ('delta.checkpointPolicy' = 'v2')", "", "rewrite"),
 ], ids=["deletion vectors", "change data feed", "column mapping", "column mapping by id, deletion vectors, feed",
-        "CHECK constraint"])
+        "CHECK constraint", "v2 checkpoints"])
 def test_a_table_spark_created_with_a_feature_delta_rs_honours_is_written_exactly(spark, tmp_path, properties,
                                                                                    constraint, update_mode):
     """Its rows as Spark reads them, and its promise to other readers: no commit of the sink
