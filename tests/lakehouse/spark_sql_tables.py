@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+from sink import SinkConfig
+
 COLUMNS = "id STRING, dt STRING, ts BIGINT, op STRING, v STRING"
 
 # The table a Spark Connect user created (issue: other writers): every feature Spark users turn
@@ -13,6 +15,13 @@ FEATURE_RICH_PROPERTIES = ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true
                            "'delta.enableChangeDataFeed' = 'true')")
 FEATURE_RICH_CONSTRAINT = "amount_not_negative CHECK (amount >= 0)"
 FEATURE_RICH_REASON = "CHECK constraint amount_not_negative (amount >= 0) violated"
+
+
+def sink_config(tmp_path, uri: str, **options) -> SinkConfig:
+    """The sink on a Spark SQL table of COLUMNS, under its deltalake engine."""
+    return SinkConfig(**{"table_uri": uri, "key": ["id"], "partition_by": ["dt"], "ordering": "ts",
+                         "delete_when": "op = 'd'", "writer_id": "w", "index_dir": str(tmp_path / "index"),
+                         "num_shards": 2, "metrics_port": 0, "tag_on": "driver", "engine": "deltalake", **options})
 
 
 def create(spark, uri: str, columns: str = COLUMNS, properties: str = "", constraint: str = "") -> None:

@@ -9,9 +9,9 @@ from urllib.parse import unquote
 import pytest
 from deltalake import DeltaTable
 
-from sink import SinkConfig, UpsertSink
+from sink import UpsertSink
 from sink.lakehouse.checkpoints import checkpoint_interval, due, last_checkpoint
-from tests.lakehouse.spark_sql_tables import create, log_actions, spark_rows
+from tests.lakehouse.spark_sql_tables import create, log_actions, sink_config, spark_rows
 from tests.oracle import SCHEMA, expected_rows, random_batches
 
 
@@ -57,9 +57,7 @@ def test_the_sinks_batches_checkpoint_and_clean_the_log_as_sparks_writers_would(
                                                                                expected_checkpoints, first_commit):
     uri = str(tmp_path / "table")
     create(spark, uri, properties=properties)
-    sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts",
-                                 delete_when="op = 'd'", writer_id="w", index_dir=str(tmp_path / "index"),
-                                 metrics_port=0, tag_on="driver", engine="deltalake"))
+    sink = UpsertSink(sink_config(tmp_path, uri))
     batches = random_batches(53, batches=12, per_batch=30, bad_share=0)
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)
@@ -77,9 +75,7 @@ def test_files_the_sink_removes_are_kept_by_vacuum_for_the_tables_retention(spar
     keeps them for `delta.deletedFileRetentionDuration` and then lists them, and no other."""
     uri = str(tmp_path / "table")
     create(spark, uri, properties="TBLPROPERTIES ('delta.deletedFileRetentionDuration' = 'interval 1 days')")
-    sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts",
-                                 delete_when="op = 'd'", writer_id="w", index_dir=str(tmp_path / "index"),
-                                 metrics_port=0, tag_on="driver", engine="deltalake"))
+    sink = UpsertSink(sink_config(tmp_path, uri))
     batches = random_batches(67, batches=3, per_batch=60, bad_share=0)
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)

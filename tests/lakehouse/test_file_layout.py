@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sink import SinkConfig, UpsertSink
+from sink import UpsertSink
 from sink.lakehouse import metadata_commit
 from sink.lakehouse.file_layout import FileLayout, byte_size, leaf_count
-from tests.lakehouse.spark_sql_tables import create, log_actions, spark_rows
+from tests.lakehouse.spark_sql_tables import create, log_actions, sink_config, spark_rows
 from tests.oracle import SCHEMA, expected_rows, random_batches
 
 FILE = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("s", pa.struct([("a", pa.int64()), ("b", pa.int64())])),
@@ -92,9 +92,7 @@ def test_the_sinks_files_carry_the_statistics_sparks_do(spark, tmp_path, propert
     sparks = stats_keys(uri, 0)
     spark.sql(f"DELETE FROM delta.`{uri}`")
     start = DeltaTable(uri).version() + 1
-    sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts",
-                                 delete_when="op = 'd'", writer_id="w", index_dir=str(tmp_path / "index"),
-                                 metrics_port=0, tag_on=tag_on, engine="deltalake"))
+    sink = UpsertSink(sink_config(tmp_path, uri, tag_on=tag_on))
     batches = random_batches(59, batches=3, per_batch=100, bad_share=0)
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)
@@ -110,9 +108,7 @@ def test_random_prefixes_and_a_target_size_shape_the_sinks_files(spark, tmp_path
     # Delta's Spark engine refuses to set delta.targetFileSize (Databricks' property, and delta-rs').
     metadata_commit.set_properties(DeltaTable(uri), uri, {"delta.targetFileSize": "512"})
     spark.sql(f"INSERT INTO delta.`{uri}` VALUES ('spark', '2025-01-01', 0, 'u', 'x')")
-    sink = UpsertSink(SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts",
-                                 delete_when="op = 'd'", writer_id="w", index_dir=str(tmp_path / "index"),
-                                 metrics_port=0, tag_on="driver", engine="deltalake"))
+    sink = UpsertSink(sink_config(tmp_path, uri))
     batches = random_batches(61, batches=3, per_batch=400, bad_share=0)
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)

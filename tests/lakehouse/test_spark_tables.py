@@ -8,18 +8,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sink import SinkConfig, UpsertSink
+from sink import UpsertSink
 from sink.errors import SchemaError, UnsupportedTableError
-from tests.lakehouse.spark_sql_tables import COLUMNS, create, last_action, log_actions, spark_rows
+from tests.lakehouse.spark_sql_tables import COLUMNS, create, last_action, log_actions, sink_config, spark_rows
 from tests.oracle import SCHEMA, expected_rows, random_batches
 
 pytestmark = pytest.mark.spark
-
-
-def config(tmp_path, uri: str) -> SinkConfig:
-    return SinkConfig(table_uri=uri, key=["id"], partition_by=["dt"], ordering="ts", delete_when="op = 'd'",
-                      writer_id="w", index_dir=str(tmp_path / "index"), num_shards=2, metrics_port=0, tag_on="driver",
-                      engine="deltalake")
 
 
 # Deletion vectors: marked by the sink's merge-on-read commit; a change data feed: files
@@ -45,7 +39,7 @@ def test_a_table_spark_created_with_a_feature_delta_rs_honours_is_written_exactl
     created = DeltaTable(uri).version()
     protocol, metadata = last_action(uri, "protocol"), last_action(uri, "metaData")
     batches = random_batches(41, batches=3, per_batch=150, bad_share=0)
-    sink = UpsertSink(config(tmp_path, uri))
+    sink = UpsertSink(sink_config(tmp_path, uri))
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA).selectExpr("*", *["upper(v) AS w"] * (b == 2)), b)
         assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
@@ -70,7 +64,7 @@ def test_a_generated_column_the_stream_carries_is_written_and_one_it_lacks_is_na
     uri = str(tmp_path / "table")
     create(spark, uri, columns=COLUMNS + ", g STRING GENERATED ALWAYS AS (upper(v))")
     batches = random_batches(43, batches=3, per_batch=150, bad_share=0)
-    sink = UpsertSink(config(tmp_path, uri))
+    sink = UpsertSink(sink_config(tmp_path, uri))
     with pytest.raises(SchemaError, match=r"generated column\(s\) \['g'\] are not in the stream: .* add them to "
                                           r"the stream's select \(upper\(v\) AS g\)"):
         sink(spark.createDataFrame(batches[0], SCHEMA), 0)
@@ -90,7 +84,7 @@ def test_a_table_spark_created_with_a_feature_delta_rs_cannot_write_is_refused_b
     uri = str(tmp_path / "table")
     create(spark, uri, columns=columns, properties=properties)
     version = DeltaTable(uri).version()
-    sink = UpsertSink(config(tmp_path, uri))
+    sink = UpsertSink(sink_config(tmp_path, uri))
     df = spark.createDataFrame(random_batches(42, batches=1, per_batch=50, bad_share=0)[0], SCHEMA)
     message = rf"uses {named} \(.*\): delta-rs cannot write it; engine = 'delta-spark', or 'auto' in a session with " \
               r"Delta's extension, writes it through Spark; nothing was written"
@@ -125,7 +119,7 @@ def test_a_shallow_clone_is_updated_and_its_source_left_as_it_was(spark, tmp_pat
     spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{source}`")
     cloned = [a["path"] for _, name, a in log_actions(clone) if name == "add"]
     assert cloned and all(p.startswith("file:/") and "source%20table" in p and "%253A" in p for p in cloned)
-    sink = UpsertSink(config(tmp_path, clone))
+    sink = UpsertSink(sink_config(tmp_path, clone))
     for b, events in enumerate(batches[1:], start=1):
         sink(spark.createDataFrame(events, SCHEMA), b)
         assert spark_rows(spark, clone) == expected_rows(batches[: b + 1]), f"after batch {b}"
@@ -149,7 +143,7 @@ def test_the_sinks_update_commits_read_as_sparks_merge(spark, tmp_path, properti
     uri = str(tmp_path / "table")
     create(spark, uri, properties=properties)
     batches = random_batches(71, batches=3, per_batch=150, bad_share=0)
-    sink = UpsertSink(config(tmp_path, uri))
+    sink = UpsertSink(sink_config(tmp_path, uri))
     for b, events in enumerate(batches):
         sink(spark.createDataFrame(events, SCHEMA), b)
     assert [r.mode for r in sink.reports] == ["append", update_mode, update_mode]
