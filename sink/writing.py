@@ -31,7 +31,15 @@ from sink.lakehouse.column_mapping import ColumnMapping
 from sink.lakehouse.deletion_vectors import Descriptor
 from sink.lakehouse.file_layout import DEFAULT_LAYOUT, FileLayout
 from sink.lakehouse.identity import IdentityColumn, IdentityValues
-from sink.lakehouse.rewrite import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, rewrite_files
+from sink.lakehouse.rewrite import (
+    ChangeFile,
+    MarkedFile,
+    Rewrite,
+    StoredFile,
+    WrittenFile,
+    rewrite_files,
+    summed_changes,
+)
 from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging import TOMBSTONE
 
@@ -136,7 +144,7 @@ def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
     adds, removes, marked, changes, rows, changed, unchanged, seconds, history = [], [], [], [], 0, 0, 0, 0.0, None
     identity_highs: list[dict[str, int]] = []
-    row_changes: dict[str, int] = {}
+    row_changes: list[dict[str, int]] = []
     for action in map(json.loads, texts):
         if "add" in action:
             a = action["add"]
@@ -158,12 +166,11 @@ def read_written(texts: list[str]) -> Written:
             unchanged += task["unchanged"]
             seconds += task["seconds"]
             identity_highs += task.get("identity", [])
-            for change, n in task.get("row_changes", {}).items():
-                row_changes[change] = row_changes.get(change, 0) + n
+            row_changes.append(task.get("row_changes", {}))
             if "history" in task:
                 history = _summed(history or {}, task["history"])
-    return Written(Rewrite(adds, removes, unchanged, marked, changes, identity_highs, row_changes), rows, changed,
-                   seconds, history)
+    return Written(Rewrite(adds, removes, unchanged, marked, changes, identity_highs, summed_changes(row_changes)),
+                   rows, changed, seconds, history)
 
 
 def _summed(total: dict, more: dict) -> dict:

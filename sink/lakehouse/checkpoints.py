@@ -10,10 +10,17 @@ wherever Spark would have.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Mapping
 
 from deltalake import DeltaTable, PostCommitHookProperties
 
+from sink.lakehouse.features import v2_checkpoints
+from sink.lakehouse.file_layout import integer_property
 from sink.lakehouse.log import filesystem
+from sink.library_errors import first_line
+
+log = logging.getLogger(__name__)
 
 SPARK_CHECKPOINT_INTERVAL = 10
 # For delta-rs' commits to a target table: its hook checkpoints the version before each
@@ -21,13 +28,9 @@ SPARK_CHECKPOINT_INTERVAL = 10
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 
 
-def checkpoint_interval(configuration: dict[str, str]) -> int:
+def checkpoint_interval(configuration: Mapping[str, str]) -> int:
     """The table's `delta.checkpointInterval`; Spark's default where unset or not a positive number."""
-    try:
-        interval = int(configuration.get("delta.checkpointInterval") or SPARK_CHECKPOINT_INTERVAL)
-    except ValueError:
-        return SPARK_CHECKPOINT_INTERVAL
-    return interval if interval > 0 else SPARK_CHECKPOINT_INTERVAL
+    return integer_property(configuration, "delta.checkpointInterval", SPARK_CHECKPOINT_INTERVAL, least=1)
 
 
 def due(first: int, last: int, interval: int, last_checkpoint: int | None) -> bool:
@@ -40,18 +43,23 @@ def checkpoint_if_due(table: DeltaTable, uri: str, first: int) -> bool:
     """After the versions from `first` to the one `table` has loaded, written by the sink:
     checkpoint at the loaded version when one of them is due, then remove expired log
     entries. A v2-checkpoint table takes v2 checkpoints only, which delta-rs does not write:
-    its other writers checkpoint it. Returns whether it checkpointed."""
+    its other writers checkpoint it. The batch has committed: a failure here is logged, as
+    Spark's writers log theirs, and the next due version tries again. Returns whether it
+    checkpointed."""
     version = table.version()
     configuration = table.metadata().configuration
     interval = checkpoint_interval(configuration)
-    if version < first or not due(first, version, interval, None) or \
-            "v2Checkpoint" in (table.protocol().writer_features or ()):
+    if version < first or not due(first, version, interval, None) or v2_checkpoints(table):
         return False
-    if not due(first, version, interval, last_checkpoint(uri)):  # delta-rs' own hook may have
+    try:
+        if not due(first, version, interval, last_checkpoint(uri)):  # the batch's log commit checkpointed
+            return False
+        table.create_checkpoint()
+        if configuration.get("delta.enableExpiredLogCleanup", "true").lower() != "false":
+            table.cleanup_metadata()  # by delta.logRetentionDuration, as Spark's cleanup
+    except Exception as e:  # noqa: BLE001 - after the commit, nothing may undo it
+        log.warning("%s: no checkpoint at version %s: %s", uri, version, first_line(e))
         return False
-    table.create_checkpoint()
-    if configuration.get("delta.enableExpiredLogCleanup", "true").lower() != "false":
-        table.cleanup_metadata()  # by delta.logRetentionDuration, as Spark's cleanup
     return True
 
 

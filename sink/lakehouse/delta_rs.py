@@ -40,6 +40,7 @@ from sink.lakehouse.features import (
     supports_deletion_vectors,
     unreadable_reason,
     unwritable_reason,
+    v2_checkpoints,
     writes_deletion_vectors,
 )
 from sink.lakehouse.file_layout import FileLayout
@@ -238,8 +239,9 @@ class DeltaTarget:
                         column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None,
                         layout=self.file_layout())
         # delta-rs writes an append's files under their partition's folder: a table asking
-        # for random prefixes gets the sink's own writer.
-        if mode == "append" and not identity and not writes.layout.random_prefix_length:
+        # for random prefixes gets the sink's own writer, where its updates would.
+        own_files = writes.layout.random_prefix_length and self.update_mode() != "merge"
+        if mode == "append" and not identity and not own_files:
             append.commit(self.table, writes)
             self.refresh()
             return CommitOutcome("append", self._after_commit(app_id, batch_id, before), 0)
@@ -375,8 +377,9 @@ class DeltaTarget:
         if reason is None:
             return "rewrite"
         # Deletion vectors, the change data feed and column mapping (of top-level columns):
-        # the sink's own log commit writes them.
-        vectors = writes_deletion_vectors(self.table)
+        # the sink's own log commit writes them; deletion vectors not on a v2-checkpoint table,
+        # whose live vectors it cannot replay.
+        vectors = writes_deletion_vectors(self.table) and not v2_checkpoints(self.table)
         logged = (*(LOG_COMMIT_FEATURES if vectors else (ENABLE_CHANGE_DATA_FEED,)),
                   *((COLUMN_MAPPING,) if writable(self.table) else ()),
                   *((IDENTITY_COLUMNS,) if self._generates_identity() else ()))
@@ -429,11 +432,12 @@ class DeltaTarget:
                 for v in range(version + 1, self.version() + 1)]
 
     def _after_commit(self, app_id: str, batch_id: int, after: int) -> int:
-        """Checkpoint where Spark would have over the batch's versions; then the version
-        carrying (app_id, batch_id), committed after version `after`: the latest version may
-        already be another writer's."""
-        checkpoints.checkpoint_if_due(self.table, self.uri, after + 1)
+        """The version carrying (app_id, batch_id), committed after version `after` (the
+        latest version may already be another writer's); then a checkpoint where Spark would
+        have put one over the batch's versions."""
         landed = self._version_carrying(app_id, batch_id, after)
+        # After the lookup: the checkpoint's cleanup may remove the batch's own log entry.
+        checkpoints.checkpoint_if_due(self.table, self.uri, after + 1)
         return self.version() if landed is None else landed
 
     def _version_carrying(self, app_id: str, batch_id: int, after: int) -> int | None:

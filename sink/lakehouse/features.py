@@ -1,10 +1,10 @@
 """Which table features keep a table's updates on MERGE instead of the copy-on-write rewrite.
 
-`create_write_transaction` commits what it is given and checks almost nothing: files written
-by hand would skip what these features require of every writer (docs: "The copy-on-write
-commit and delta-rs"), so such tables stay on delta-rs' MERGE, which honours them; except
-for what the sink's own commits write (deletion vectors, the change data feed) and the row
-checks the batch makes itself before writing (`row_checks`).
+A commit takes what it is given and checks almost nothing: files written by hand would skip
+what these features require of every writer (docs: "The copy-on-write commit and
+delta-rs"), so such tables stay on delta-rs' MERGE, which honours them; except for what the
+sink's own commits write (deletion vectors, the change data feed, physical names) and the
+row checks the batch makes itself before writing (`row_checks`).
 """
 
 from __future__ import annotations
@@ -95,6 +95,12 @@ def writes_deletion_vectors(table: DeltaTable) -> bool:
     (PROTOCOL.md: new vectors only while `delta.enableDeletionVectors` is true)."""
     enabled = table.metadata().configuration.get(ENABLE_DELETION_VECTORS) or ""
     return supports_deletion_vectors(table) and enabled.lower() == "true"
+
+
+def v2_checkpoints(table: DeltaTable) -> bool:
+    """The table takes v2 checkpoints only (UUID-named, with sidecars), which delta-rs does not
+    write and the sink's deletion-vector replay (sink.lakehouse.live_vectors) does not read."""
+    return "v2Checkpoint" in (table.protocol().writer_features or ())
 
 
 def append_only(table: DeltaTable) -> bool:

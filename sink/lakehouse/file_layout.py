@@ -31,7 +31,9 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
 @dataclass(frozen=True)
 class FileLayout:
     indexed_columns: int = DEFAULT_INDEXED_COLUMNS
-    stats_columns: frozenset[str] | None = None  # names as the files hold them (physical under column mapping)
+    # Names as the files hold them (physical under column mapping), in lower case: Spark
+    # resolves the property's names regardless of case.
+    stats_columns: frozenset[str] | None = None
     random_prefix_length: int = 0  # 0: files go under their partition's folder
     target_file_size: int | None = None
 
@@ -42,12 +44,14 @@ class FileLayout:
         named = configuration.get("delta.dataSkippingStatsColumns")
         stats_columns = None
         if named is not None:
-            names = (n.strip().strip("`") for n in named.split(","))
-            stats_columns = frozenset((physical or {}).get(n, n) for n in names if n)
+            names = (n.strip().strip("`").lower() for n in named.split(","))
+            in_files = {c.lower(): p for c, p in (physical or {}).items()}
+            stats_columns = frozenset(in_files.get(n, n).lower() for n in names if n)
         prefix = 0
         if configuration.get("delta.randomizeFilePrefixes", "false").lower() == "true":
-            prefix = _integer(configuration.get("delta.randomPrefixLength"), DEFAULT_PREFIX_LENGTH, least=1)
-        return cls(_integer(configuration.get("delta.dataSkippingNumIndexedCols"), DEFAULT_INDEXED_COLUMNS, least=-1),
+            prefix = integer_property(configuration, "delta.randomPrefixLength", DEFAULT_PREFIX_LENGTH, least=1)
+        return cls(integer_property(configuration, "delta.dataSkippingNumIndexedCols", DEFAULT_INDEXED_COLUMNS,
+                                    least=-1),
                    stats_columns, prefix, byte_size(configuration.get("delta.targetFileSize")))
 
     def stats_fields(self, schema: pa.Schema, skip: Collection[str] = ()) -> list[pa.Field]:
@@ -55,7 +59,7 @@ class FileLayout:
         statistics the table asks for."""
         fields = [f for f in schema if f.name not in skip]
         if self.stats_columns is not None:
-            return [f for f in fields if f.name in self.stats_columns]
+            return [f for f in fields if f.name.lower() in self.stats_columns]
         if self.indexed_columns < 0:
             return fields
         chosen, left = [], self.indexed_columns
@@ -96,9 +100,11 @@ def byte_size(value: str | None) -> int | None:
     return int(m[1]) * _UNITS[m[2]]
 
 
-def _integer(value: str | None, default: int, *, least: int) -> int:
+def integer_property(configuration: Mapping[str, str], key: str, default: int, *, least: int) -> int:
+    """A table property holding a whole number of at least `least`; `default` where it is
+    unset or holds anything else (its other writers refuse such a value, the sink need not)."""
     try:
-        number = int(value) if value is not None else default
+        number = int(configuration.get(key) or default)
     except ValueError:
         return default
     return number if number >= least else default

@@ -11,10 +11,10 @@ newer by ordering (or equal, when incoming wins ties); a delete removes it, an u
 it (partial updates keep stored values where theirs are null). Rows of keys no file holds are
 inserted, deletes of them dropped.
 
-`create_write_transaction` checks almost nothing (docs: "The copy-on-write commit and delta-rs"), so
-`check_actions` does before the commit; tables with features a hand-written file would break
-stay on MERGE (`features.merge_only_reason`), but for the row checks the batch made itself
-(`features.row_checks`).
+A commit checks almost nothing (docs: "The copy-on-write commit and delta-rs"), so
+`check_actions` does before the sink's log commit; tables with features a hand-written file
+would break stay on MERGE (`features.merge_only_reason`), but for the row checks the batch
+made itself (`features.row_checks`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -128,7 +128,8 @@ class Rewrite:
     # Per writer of its new rows (the thread pool, each Spark task), per identity column the
     # value furthest along its step it handed out: the commit raises the high-water marks.
     identity_highs: list[dict[str, int]] = field(default_factory=list)
-    # The table's rows it inserts, updates (not counting `unchanged`) and deletes, by WRITE_COLUMN.
+    # The table's rows it inserts, updates (not counting `unchanged`) and deletes; a key moving
+    # partition (scope "global") counts as a delete and an insert.
     row_changes: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -214,10 +215,9 @@ def operation_of(rewrite: Rewrite) -> dict:
     """The commit's operation, its parameters and its metrics, as Spark names them: new rows
     alone (an identity table's append, a table with random file prefixes) read as the WRITE
     they are, anything else as a MERGE."""
-    written = sum(json.loads(w.action.stats)["numRecords"] for w in rewrite.adds)
     if not rewrite.removes:
         return {"operation": "WRITE", "parameters": {"mode": "Append"},
-                "metrics": {"numFiles": len(rewrite.adds), "numOutputRows": written,
+                "metrics": {"numFiles": len(rewrite.adds), "numOutputRows": _rows_written(rewrite),
                             "numOutputBytes": sum(w.action.size for w in rewrite.adds)}}
     path = "merge-on-read" if rewrite.marked else "copy-on-write"
     return {"operation": "MERGE", "parameters": {"predicate": "[]", "commitPath": path},
@@ -236,7 +236,11 @@ def log_metrics(rewrite: Rewrite) -> dict[str, int]:
             "numTargetDeletionVectorsUpdated": updated,
             "numTargetDeletionVectorsRemoved": sum(f.deletion_vector is not None for f in rewrite.removes),
             "numTargetChangeFilesAdded": len(rewrite.changes),
-            "numOutputRows": sum(json.loads(w.action.stats)["numRecords"] for w in rewrite.adds)}
+            "numOutputRows": _rows_written(rewrite)}
+
+
+def _rows_written(rewrite: Rewrite) -> int:
+    return sum(json.loads(w.action.stats)["numRecords"] for w in rewrite.adds)
 
 
 def stored_files(table: DeltaTable, partition_by: Sequence[str],
@@ -257,11 +261,13 @@ def stored_files(table: DeltaTable, partition_by: Sequence[str],
     return out
 
 
-def row_changes(rows: pa.Table, unchanged: int) -> dict[str, int]:
-    """The rows a batch's writes insert, update and delete in the table (`unchanged`: updates
-    that found the stored row holding their values)."""
-    counts = {c["values"]: c["counts"] for c in pc.value_counts(rows.column(WRITE_COLUMN)).to_pylist()}
-    return {INSERT: counts.get(INSERT, 0), UPDATE: counts.get(UPDATE, 0) - unchanged, DELETE: counts.get(DELETE, 0)}
+def summed_changes(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Row counts (`Rewrite.row_changes`) of several partitions or writing tasks, summed."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for change, n in part.items():
+            total[change] = total.get(change, 0) + n
+    return total
 
 
 def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Writes) -> Rewrite:
@@ -320,12 +326,12 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
                 for cache in (file_cache.WRITTEN, file_cache.PROBED):
                     cache.discard(file_location(root, f.path))
     marks = [m for _, partition_marks in done for m in partition_marks]
-    unchanged = sum(r.unchanged for r, _ in done)
-    return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes], unchanged,
+    return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
+                   sum(r.unchanged for r, _ in done),
                    _store_marks(fs, root, marks, writes.column_mapping, writes.layout),
                    [c for r, _ in done for c in r.changes],
                    [writes.identity.high()] if writes.identity and writes.identity.high() else [],
-                   row_changes(writes.rows, unchanged))
+                   summed_changes(r.row_changes for r, _ in done))
 
 
 def rewrite_partition(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[str, str | None],
@@ -344,8 +350,7 @@ def rewrite_partition(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Ma
     probe = ProbeColumns(file_key_columns(writes.key_cols, writes.partition_by), writes.ordering)
     return Rewrite(write_partition_files(fs, root, done.outputs, values, data_schema, mapping,
                                          probe=probe if writes.merge_on_read else None, layout=writes.layout),
-                   done.removed,
-                   done.unchanged, changes=changes), done.marks
+                   done.removed, done.unchanged, changes=changes, row_changes=done.row_changes), done.marks
 
 
 @dataclass(frozen=True)
@@ -357,6 +362,7 @@ class PartitionWrites:
     unchanged: int
     marks: list[Mark]  # merge-on-read
     changes: pa.Table | None  # the change data feed's rows (CHANGE_TYPE_COLUMN), when the table has one
+    row_changes: dict[str, int]  # the table's rows it inserts, updates and deletes
 
 
 @dataclass(frozen=True)
@@ -427,12 +433,14 @@ def _partition_tables(rows: pa.Table, found: Sequence[FoundFile], decided: Seque
     removed: list[StoredFile] = []
     marks: list[Mark] = []
     change_rows: list[tuple[str, pa.Table]] = []
-    unchanged = 0
+    unchanged = updated = deleted_rows = 0
     for (f, stored, hits, deleted), change in zip(found, decided):
         matched[probed[hits.incoming]] = True
         unchanged += change.unchanged
         if not len(change.gone):
             continue
+        updated += change.replaced.num_rows
+        deleted_rows += len(change.deleted)
         removed.append(f)
         if writes.change_data:
             change_rows.extend(change.change_rows(stored))
@@ -458,7 +466,8 @@ def _partition_tables(rows: pa.Table, found: Sequence[FoundFile], decided: Seque
     # Every partition's changes, new keys too: a reader takes a version's changes from its
     # change files alone once it has any (PROTOCOL.md "Change Data Files").
     feed = _change_table(change_rows) if change_rows else None
-    return PartitionWrites(outputs, removed, unchanged, marks, feed)
+    counts = {INSERT: inserts.num_rows if inserts is not None else 0, UPDATE: updated, DELETE: deleted_rows}
+    return PartitionWrites(outputs, removed, unchanged, marks, feed, counts)
 
 
 def _change_table(parts: Sequence[tuple[str, pa.Table]]) -> pa.Table:
@@ -947,7 +956,7 @@ def _same_rows(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) ->
 
 def check_actions(uri: str, rewrite: Rewrite, snapshot: Mapping[str, list[StoredFile]], schema: pa.Schema,
                   partition_by: Sequence[str], mapping: ColumnMapping | None = None) -> None:
-    """What `create_write_transaction` does not check, checked before committing: every added
+    """What no commit checks, checked before committing: every added
     file (data or change file) exists at its size, every removed file is in the snapshot the batch read, partition
     values name exactly the partition columns, files hold the table's columns (physical ones
     under a column `mapping`) and types."""

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from sink import UpsertSink
 from sink.lakehouse import metadata_commit
 from sink.lakehouse.file_layout import FileLayout, byte_size, leaf_count
-from tests.lakehouse.spark_sql_tables import create, log_actions, sink_config, spark_rows
+from tests.lakehouse.spark_sql_tables import COLUMNS, create, log_actions, sink_config, spark_rows
 from tests.oracle import SCHEMA, expected_rows, random_batches
 
 FILE = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("s", pa.struct([("a", pa.int64()), ("b", pa.int64())])),
@@ -27,13 +27,14 @@ FILE = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("s", pa.struct([("a"
     ({"delta.dataSkippingNumIndexedCols": "-1"}, ["id", "ts", "s", "op", "v"]),
     ({"delta.dataSkippingNumIndexedCols": "many"}, ["id", "ts", "s", "op", "v"]),
     ({"delta.dataSkippingNumIndexedCols": "1", "delta.dataSkippingStatsColumns": " v , `ts`"}, ["ts", "v"]),
+    ({"delta.dataSkippingStatsColumns": "V,Ts"}, ["ts", "v"]),  # as Spark resolves names
 ])
 def test_the_columns_with_statistics_are_those_the_properties_name(configuration, names):
     assert [f.name for f in FileLayout.of(configuration).stats_fields(FILE)] == names
 
 
 def test_named_statistics_columns_are_found_by_physical_name_under_column_mapping():
-    layout = FileLayout.of({"delta.dataSkippingStatsColumns": "v"}, {"id": "col-1", "v": "col-2"})
+    layout = FileLayout.of({"delta.dataSkippingStatsColumns": "V"}, {"id": "col-1", "v": "col-2"})
     assert [f.name for f in layout.stats_fields(pa.schema([("col-1", pa.string()), ("col-2", pa.string())]))] == \
         ["col-2"]
 
@@ -120,3 +121,20 @@ def test_random_prefixes_and_a_target_size_shape_the_sinks_files(spark, tmp_path
     first = [a for v, a in added if v == 4]
     assert len(first) >= 3 * len({e.dt for e in batches[0]})
     assert sum(json.loads(a["stats"])["numRecords"] for a in first) == len(expected_rows(batches[:1]))
+
+
+@pytest.mark.spark
+def test_a_table_kept_on_merge_takes_delta_rs_appends_whatever_its_prefixes(spark, tmp_path):
+    """A column-mapped table with a nested column commits through MERGE (its fields have
+    physical names of their own, which the sink's writer does not give): random prefixes do
+    not turn its appends into the sink's own files."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, columns=COLUMNS + ", s STRUCT<a: STRING>",
+           properties="TBLPROPERTIES ('delta.randomizeFilePrefixes' = 'true', 'delta.columnMapping.mode' = 'name')")
+    sink = UpsertSink(sink_config(tmp_path, uri))
+    batches = random_batches(73, batches=2, per_batch=60, bad_share=0)
+    for b, events in enumerate(batches):
+        sink(spark.createDataFrame(events, SCHEMA).selectExpr("*", "named_struct('a', v) AS s"), b)
+    assert [r.mode for r in sink.reports] == ["append", "merge"]
+    assert spark_rows(spark, uri) == expected_rows(batches)
+    assert spark.read.format("delta").load(uri).where("s.a IS DISTINCT FROM v").count() == 0
