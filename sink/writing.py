@@ -202,14 +202,14 @@ def _stored_json(stored: StoredFile) -> dict:
     vector = stored.deletion_vector
     return {"path": stored.path, "size": stored.size, "partition_values": stored.partition_values,
             "deletion_vector": vector.to_json() if vector is not None else None,
-            "modification_time": stored.modification_time, "num_records": stored.num_records}
+            "modification_time": stored.modification_time, "num_records": stored.num_records, "tags": stored.tags}
 
 
 def _stored(d: dict) -> StoredFile:
     vector = d["deletion_vector"]
     return StoredFile(d["path"], d["size"], d["partition_values"],
                       Descriptor.from_json(vector) if vector is not None else None, d["modification_time"],
-                      d["num_records"])
+                      d["num_records"], d["tags"])
 
 
 def _file_rows(schema: pa.Schema, rewrite: Rewrite, task: dict) -> pa.RecordBatch:

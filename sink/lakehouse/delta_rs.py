@@ -183,10 +183,14 @@ class DeltaTarget:
             self.refresh()
 
     def stored_files(self) -> dict[str, list[rewrite.StoredFile]]:
-        """The loaded version's files by partition id, with the deletion vectors they carry."""
+        """The loaded version's files by partition id, with the deletion vectors (and tags)
+        they carry."""
         table = self.table
-        vectors = self._vectors.at(table.version()) if supports_deletion_vectors(table) else None
-        return rewrite.stored_files(table, self.partition_by, vectors)
+        if not supports_deletion_vectors(table):
+            return rewrite.stored_files(table, self.partition_by)
+        # Tags matter where a file is added again with a new vector: merge-on-read.
+        vectors = self._vectors.at(table.version())
+        return rewrite.stored_files(table, self.partition_by, vectors, self._vectors.tags)
 
     def version(self) -> int:
         return self.table.version()

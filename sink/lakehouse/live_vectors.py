@@ -1,10 +1,11 @@
-"""Which deletion vector each live data file carries: the one piece of a snapshot `deltalake`
-does not expose (its add actions lack the descriptor; `deletion_vectors()` gives the rows, not
-the descriptor a commit's `remove` must name).
+"""Which deletion vector and which tags each live data file carries: the pieces of a snapshot
+`deltalake` does not expose (its add actions lack the descriptor and the tags;
+`deletion_vectors()` gives the rows, not the descriptor a commit's `remove` must name), which
+the sink's merge-on-read commit names again when it marks a file.
 
-Replayed from the log for deletion vectors alone (the latest classic checkpoint, then the JSON
-commits after it) and kept per table, moved forward commit by commit: a batch reads only the
-commits since the last one.
+Replayed from the log for these alone (the latest classic checkpoint, then the JSON commits
+after it) and kept per table, moved forward commit by commit: a batch reads only the commits
+since the last one.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.(\d+))?\.parquet$")
 
 
 class LiveDeletionVectors:
-    """One table's data files that carry a deletion vector, by path (decoded), at a version."""
+    """One table's data files that carry a deletion vector, by path (decoded), at a version;
+    and those that carry tags (`tags`, at the version `at` last moved to)."""
 
     def __init__(self, uri: str):
         self.uri = uri
         self._fs, self._root = filesystem(uri)
         self._version: int | None = None
         self._live: dict[str, Descriptor] = {}
+        self.tags: dict[str, dict[str, str]] = {}
 
     def at(self, version: int) -> dict[str, Descriptor]:
         """The descriptors live at `version` (files without a deletion vector are absent)."""
@@ -44,7 +47,7 @@ class LiveDeletionVectors:
 
     def _rebuild(self, version: int) -> None:
         checkpoint, parts = self._latest_checkpoint(version)
-        self._live = {}
+        self._live, self.tags = {}, {}
         if checkpoint is not None:
             self._read_checkpoint(parts)
         if not self._apply((checkpoint if checkpoint is not None else -1) + 1, version):
@@ -73,14 +76,24 @@ class LiveDeletionVectors:
         and adds (path, new), in any order: removes first."""
         for action in actions:
             if "remove" in action:
-                self._live.pop(unquote(action["remove"]["path"]), None)
+                path = unquote(action["remove"]["path"])
+                self._live.pop(path, None)
+                self.tags.pop(path, None)
         for action in actions:
             if "add" in action:
                 add = action["add"]
-                if add.get("deletionVector"):
-                    self._live[unquote(add["path"])] = Descriptor.from_json(add["deletionVector"])
-                else:
-                    self._live.pop(unquote(add["path"]), None)
+                self._keep(unquote(add["path"]), add.get("deletionVector"), add.get("tags"))
+
+    def _keep(self, path: str, vector: Mapping[str, Any] | None, tags: Mapping[str, str] | None) -> None:
+        """An added file's deletion vector and tags (None: it has none)."""
+        if vector:
+            self._live[path] = Descriptor.from_json(vector)
+        else:
+            self._live.pop(path, None)
+        if tags:
+            self.tags[path] = dict(tags)
+        else:
+            self.tags.pop(path, None)
 
     def _latest_checkpoint(self, version: int) -> tuple[int | None, list[str]]:
         """The latest complete classic checkpoint at or before `version`, and its files."""
@@ -99,7 +112,13 @@ class LiveDeletionVectors:
         for path in paths:
             adds = pq.read_table(path, columns=["add"], filesystem=self._fs).column("add").combine_chunks()
             adds = adds.filter(pc.is_valid(adds))
-            if adds.type.get_field_index("deletionVector") < 0:
+            kept = [f for f in ("deletionVector", "tags") if adds.type.get_field_index(f) >= 0]
+            if not kept:
                 continue
-            for add in adds.filter(pc.is_valid(pc.struct_field(adds, "deletionVector"))).to_pylist():
-                self._live[unquote(add["path"])] = Descriptor.from_json(add["deletionVector"])
+            carrying = pc.or_(*(pc.is_valid(pc.struct_field(adds, f)) for f in kept)) if len(kept) > 1 else \
+                pc.is_valid(pc.struct_field(adds, kept[0]))
+            for add in adds.filter(carrying).to_pylist():
+                tags = add.get("tags")
+                # A checkpoint holds a map as (key, value) pairs.
+                self._keep(unquote(add["path"]), add.get("deletionVector"),
+                           dict(tags) if isinstance(tags, list) else tags)

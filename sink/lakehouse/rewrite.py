@@ -88,6 +88,7 @@ class StoredFile:
     # Kept on the actions that name it again: a marked file's `add`, its `remove` (as Spark's).
     modification_time: int | None = None
     num_records: int | None = None  # its physical rows, by its statistics
+    tags: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,14 +193,18 @@ def log_actions(rewrite: Rewrite, mapping: ColumnMapping | None = None) -> list[
                   "partitionValues": keyed(f.partition_values), "size": f.size}
         if f.num_records is not None:
             remove["stats"] = json.dumps({"numRecords": f.num_records}, separators=(",", ":"))
+        if f.tags:
+            remove["tags"] = f.tags
         if f.deletion_vector is not None:
             remove["deletionVector"] = f.deletion_vector.to_json()
         actions.append({"remove": remove})
     for m in rewrite.marked:
-        actions.append({"add": {"path": m.stored.path, "partitionValues": keyed(m.stored.partition_values),
-                                "size": m.stored.size, "modificationTime": m.stored.modification_time or now,
-                                "dataChange": True, "stats": m.stats,
-                                "deletionVector": m.deletion_vector.to_json()}})
+        add = {"path": m.stored.path, "partitionValues": keyed(m.stored.partition_values), "size": m.stored.size,
+               "modificationTime": m.stored.modification_time or now, "dataChange": True, "stats": m.stats,
+               "deletionVector": m.deletion_vector.to_json()}
+        if m.stored.tags:
+            add["tags"] = m.stored.tags
+        actions.append({"add": add})
     for w in rewrite.adds:
         a = w.action
         actions.append({"add": {"path": quote(a.path, safe="/="), "partitionValues": keyed(a.partition_values),
@@ -243,13 +248,13 @@ def _rows_written(rewrite: Rewrite) -> int:
     return sum(json.loads(w.action.stats)["numRecords"] for w in rewrite.adds)
 
 
-def stored_files(table: DeltaTable, partition_by: Sequence[str],
-                 vectors: Mapping[str, Descriptor] | None = None) -> dict[str, list[StoredFile]]:
-    """The snapshot's files by partition id; `vectors`: the deletion vectors its files carry,
-    by decoded path (sink.lakehouse.live_vectors)."""
+def stored_files(table: DeltaTable, partition_by: Sequence[str], vectors: Mapping[str, Descriptor] | None = None,
+                 tags: Mapping[str, dict[str, str]] | None = None) -> dict[str, list[StoredFile]]:
+    """The snapshot's files by partition id; `vectors`, `tags`: the deletion vectors and tags
+    its files carry, by decoded path (sink.lakehouse.live_vectors)."""
     actions = pa.table(table.get_add_actions(flatten=False))
     values = actions.column("partition").to_pylist() if partition_by else [{}] * actions.num_rows
-    vectors = vectors or {}
+    vectors, tags = vectors or {}, tags or {}
     out: dict[str, list[StoredFile]] = {}
     pids: dict[tuple[str | None, ...], str] = {}  # a partition's files are many: its id is named once
     columns = [actions.column(c).to_pylist() for c in ("path", "size_bytes", "modification_time", "num_records")]
@@ -257,7 +262,9 @@ def stored_files(table: DeltaTable, partition_by: Sequence[str],
         strings = {c: partition_string(typed[c]) for c in partition_by}
         named = tuple(strings.values())
         pid = pids.get(named) or pids.setdefault(named, keys.partition_id(partition_by, named))
-        out.setdefault(pid, []).append(StoredFile(path, size, strings, vectors.get(unquote(path)), modified, records))
+        decoded = unquote(path)
+        out.setdefault(pid, []).append(StoredFile(path, size, strings, vectors.get(decoded), modified, records,
+                                                  tags.get(decoded)))
     return out
 
 

@@ -3,6 +3,7 @@ deltalake engine: exact where delta-rs honours the feature (read back through Sp
 before anything is written, naming the feature, where it cannot."""
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -177,3 +178,35 @@ def test_the_sinks_update_commits_read_as_sparks_merge(spark, tmp_path, properti
                 marked += 1
             adds[action["path"]] = action
     assert removed > 0 and (marked > 0) == bool(properties)
+
+
+def test_a_marked_files_tags_are_kept_from_the_log_and_from_a_checkpoint(spark, tmp_path):
+    """Tags an earlier writer gave its files (as Databricks' writers tag theirs) stay on the
+    files the sink marks and re-adds, read from the JSON commits and, by a sink started after
+    a checkpoint, from the checkpoint; the files it removes name them too."""
+    uri = str(tmp_path / "table")
+    create(spark, uri, properties="TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', "
+                                  "'delta.checkpointInterval' = '3')")
+    batches = random_batches(79, batches=4, per_batch=150, bad_share=0)
+    batches[0] = [e for e in batches[0] if e.op != "d"]  # Spark writes it: no tombstone holds its deletes
+    spark.createDataFrame([tuple(r.values()) for r in expected_rows(batches[:1])], SCHEMA) \
+        .write.format("delta").mode("append").save(uri)
+    written = Path(uri, "_delta_log", f"{DeltaTable(uri).version():020d}.json")
+    tagged = {}
+    lines = []
+    for line in written.read_text().splitlines():
+        action = json.loads(line)
+        if "add" in action:
+            action["add"]["tags"] = tagged[action["add"]["path"]] = {"INSERTION_TIME": "1700000000000000",
+                                                                    "ZCUBE_ID": action["add"]["path"][-20:]}
+        lines.append(json.dumps(action))
+    written.write_text("\n".join(lines) + "\n")
+    first = DeltaTable(uri).version() + 1
+    for b, events in enumerate(batches[1:], start=1):
+        sink = UpsertSink(sink_config(tmp_path, uri))  # a new process: the vectors and tags replayed anew
+        sink(spark.createDataFrame(events, SCHEMA), b)
+        assert spark_rows(spark, uri) == expected_rows(batches[: b + 1]), f"after batch {b}"
+    assert sorted(Path(uri, "_delta_log").glob("*.checkpoint.parquet")), "a sink started after a checkpoint"
+    named = [(name, a) for _, name, a in log_actions(uri, first) if name in ("add", "remove") and a["path"] in tagged]
+    assert {name for name, _ in named} == {"add", "remove"}
+    assert all(a.get("tags") == tagged[a["path"]] for _, a in named)
