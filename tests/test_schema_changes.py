@@ -34,7 +34,7 @@ def test_a_new_column_mid_stream_is_added_in_the_batchs_commit_and_costs_no_relo
                                wider), 1)
     # The column joins in a metadata commit just before the batch's, as Spark's ADD COLUMNS.
     history = DeltaTable(cfg.table_uri).history(2)
-    assert [h["operation"] for h in history] == ["WRITE", "ADD COLUMNS"]
+    assert [h["operation"] for h in history] == ["MERGE", "ADD COLUMNS"]
     assert history[0]["upsert_sink.commit"] == "rewrite"
     assert DeltaTable(cfg.table_uri).version() == version + 2
     assert [(r["id"], r["v"], r["note"]) for r in rows(cfg.table_uri)] == [
