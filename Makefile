@@ -53,12 +53,12 @@ test-tools:
 # Delta's Spark jars, with their dependencies, into ~/.m2/repository (Spark's Ivy reads it as a
 # local repository; Maven's own settings reach the remote one), once: the tests run delta-spark.
 delta-jars: $(STAMP)
-	@jar="$$($(PY) -m sink.lakehouse.spark_delta --jar)"; pom="$${jar%.jar}.pom"; \
+	@jar="$$($(PY) -m sink.lakehouse.engines.spark_delta --jar)"; pom="$${jar%.jar}.pom"; \
 	if [ ! -f "$$jar" ] || [ ! -f "$$pom" ]; then \
 		command -v mvn >/dev/null 2>&1 || { echo "error: Maven (mvn) is needed once to fetch Delta's jars:" \
-			"apt-get install maven, then: $$($(PY) -m sink.lakehouse.spark_delta --fetch-command)"; exit 1; }; \
-		echo "fetching $$($(PY) -m sink.lakehouse.spark_delta) and its dependencies into ~/.m2"; \
-		$$($(PY) -m sink.lakehouse.spark_delta --fetch-command); fi
+			"apt-get install maven, then: $$($(PY) -m sink.lakehouse.engines.spark_delta --fetch-command)"; exit 1; }; \
+		echo "fetching $$($(PY) -m sink.lakehouse.engines.spark_delta) and its dependencies into ~/.m2"; \
+		$$($(PY) -m sink.lakehouse.engines.spark_delta --fetch-command); fi
 
 # Spark's Kafka connector at the installed Spark's version into ~/.m2, as Delta's jars: the job's
 # `[source] format = "kafka"` (jobs/kafka_source.py).
@@ -89,7 +89,7 @@ $(CDC_STACK)/%.classpath: tests/cdc_stack/%/pom.xml $(STAMP)
 submit: $(STAMP) delta-jars
 	SPARK_HOME="$$($(PY) -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" \
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		$(VENV)/bin/spark-submit --master "local[2]" $$($(PY) -m sink.lakehouse.spark_delta --submit-args) \
+		$(VENV)/bin/spark-submit --master "local[2]" $$($(PY) -m sink.lakehouse.engines.spark_delta --submit-args) \
 		jobs/upsert_stream.py --config conf/sink.toml --once --engine delta-spark
 
 # Benchmarks (not tests): results in bench/results/<name>-<date>.json and .png.

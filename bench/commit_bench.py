@@ -22,9 +22,9 @@ from deltalake import DeltaTable
 
 from bench.workloads import TODAY, WORKLOADS, Mix, write_batches, write_start_table
 from sink.config import SinkConfig
-from sink.lakehouse import file_cache
-from sink.lakehouse.contract import Contract
-from sink.lakehouse.delta_rs import WRITE_COLUMN, DeltaTarget
+from sink.delta_log.contract import Contract
+from sink.lakehouse.commit import file_cache
+from sink.lakehouse.engines.delta_rs import WRITE_COLUMN, DeltaTarget
 
 RECENT_UPDATES = Mix("recent-updates", updates=0.5, late_share=0.0, deletes=0.0, stale=0.0)
 

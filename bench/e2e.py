@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 from bench.baseline import HandWrittenMerge, SparkMerge
 from bench.workloads import SPARK_SCHEMA, WORKLOADS, write_batches, write_start_table
 from sink import SinkConfig, UpsertSink
+from sink.delta_log.schema import plain_layouts
 from sink.index.replica import ShardReplica
-from sink.lakehouse import file_cache
-from sink.lakehouse.schema import plain_layouts
+from sink.lakehouse.commit import file_cache
 
 # The sink on its default config (tag_on = "auto": the driver, under the bench's local master;
 # commit_mode = "auto": updates rewrite files), the sink forced onto executor tagging, the sink

@@ -157,7 +157,7 @@ class GlobalHandWrittenMerge:
 def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, spread: bool,
              shards: int = 2) -> dict:
     from sink import SinkConfig, UpsertSink
-    from sink.lakehouse import file_cache
+    from sink.lakehouse.commit import file_cache
 
     case = work / f"global-{table_rows}-{'spread' if spread else 'recent'}"
     template, landing = case / "start", case / "landing"

@@ -20,11 +20,11 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from sink.delta_log.reading import read_commit
 from sink.index.catchup import catch_up
 from sink.index.lifecycle import ShardSource, bootstrap, load_partitions
 from sink.index.replica import ShardReplica
 from sink.index.spec import replica_spec
-from sink.lakehouse.log import read_commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NOW = dt.datetime.now(dt.UTC)

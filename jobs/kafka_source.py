@@ -49,7 +49,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from jobs import connect_types
 from sink.errors import ConfigError
 from sink.keys import quoted_column
-from sink.lakehouse import spark_delta
+from sink.lakehouse.engines import spark_delta
 from sink.ops import metrics
 from sink.prepare import CANNOT_DECODE, sql_string
 

@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from jobs import kafka_source
 from sink.errors import DeltaJarsError
-from sink.lakehouse import spark_delta
+from sink.lakehouse.engines import spark_delta
 
 
 def session_settings(*, delta: bool, remote: str | None, kafka: bool = False) -> dict[str, str]:
@@ -33,7 +33,7 @@ def spark_session(app_name: str, master: str | None = None, conf: dict[str, str]
                   delta: bool = False, remote: str | None = None, kafka: bool = False) -> SparkSession:
     """Get or create the session. Workers run this interpreter (they need pyarrow);
     timestamps are UTC so Arrow hand-offs to delta-rs carry no local offset. `delta`: with
-    Delta's Spark engine (its package, SQL extension and catalog: sink.lakehouse.spark_delta).
+    Delta's Spark engine (its package, SQL extension and catalog: sink.lakehouse.engines.spark_delta).
     `remote`: a Spark Connect session instead, to `sc://host:port`, or to a Connect server
     this process starts on a local master (`local[2]`). `kafka`: with Spark's Kafka connector
     (`jobs.kafka_source.package()`, fetched by `make kafka-jars`). A server at `sc://` has Delta's

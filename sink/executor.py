@@ -32,6 +32,7 @@ from sink import columns as C
 from sink import freshness, keys
 from sink.append_only import stored_row_changes
 from sink.arrival import arrival
+from sink.delta_log.reading import read_commit
 from sink.errors import ReplicaLostError
 from sink.index import changelog, history_locations, registry, verification, worker_replicas
 from sink.index.catchup import catch_up
@@ -49,9 +50,8 @@ from sink.index.lifecycle import (
 from sink.index.registry import wipe_damaged
 from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path
-from sink.lakehouse import open_tables
-from sink.lakehouse.delta_rs import rows_in
-from sink.lakehouse.log import read_commit
+from sink.lakehouse.engines import open_tables
+from sink.lakehouse.engines.delta_rs import rows_in
 from sink.library_errors import first_line, is_corruption
 from sink.moves import keep_stored_values, placed
 from sink.ordering import helper_columns
@@ -140,7 +140,7 @@ def _passed_through(bad: pa.Table, schema: pa.Schema) -> pa.Table:
 
 class LazySource:
     """The shard's Delta tables, opened on first use (most batches load nothing) and
-    borrowed from the tables this process keeps open for the sink (sink.lakehouse.open_tables)
+    borrowed from the tables this process keeps open for the sink (sink.lakehouse.engines.open_tables)
     until the block using it ends."""
 
     def __init__(self, ctx: TaskContext, shard: int):

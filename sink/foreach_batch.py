@@ -23,8 +23,9 @@ from sink.batch.side_tables import SideTables
 from sink.batch.state import BatchState
 from sink.batch.tag import TagPhase
 from sink.config import SinkConfig
-from sink.lakehouse import file_cache, open_tables
-from sink.lakehouse.engine import delta_engine
+from sink.lakehouse.commit import file_cache
+from sink.lakehouse.engines import open_tables
+from sink.lakehouse.engines.engine import delta_engine
 from sink.ops import metrics
 from sink.ops.report import BatchReport
 from sink.outcomes import OUTCOMES
@@ -54,7 +55,7 @@ class UpsertSink:
         self.writer_id = config.resolved_writer_id
         self.reports: list[BatchReport] = []
         self._target = delta_engine(config)
-        self._instance = uuid.uuid4().hex  # tables kept open for this object (sink.lakehouse.open_tables)
+        self._instance = uuid.uuid4().hex  # tables kept open for this object (sink.lakehouse.engines.open_tables)
         self._checks = Checks(self.config, config, self._target, self.writer_id)
         self._side_tables = SideTables(self.config, config, self.writer_id, self._instance)
         self._other_writers = OtherWriters(self.config, self.writer_id)

@@ -1,4 +1,4 @@
-"""From a history batch's tagged records to what its commit writes (sink.lakehouse.versions):
+"""From a history batch's tagged records to what its commit writes (sink.lakehouse.commit.versions):
 every valid record is an event; a key the index holds is read where the index places it.
 Shared by the driver's commit and the executors' writing tasks."""
 
@@ -15,8 +15,8 @@ from sink import columns as C
 from sink import keys
 from sink.history import HistoryColumns, events_schema
 from sink.index import history_locations
-from sink.lakehouse.versions import PID_COLUMN, HistoryWrites, count_true, free_deletes
-from sink.lakehouse.writes import conform
+from sink.lakehouse.commit.versions import PID_COLUMN, HistoryWrites, count_true, free_deletes
+from sink.lakehouse.commit.writes import conform
 from sink.tagging import DELETE, INSERT, UPDATE
 
 

@@ -50,7 +50,7 @@ class TaskContext:
     # its events named (sink.index.history_locations).
     history: bool = False
     # The sink object this batch is of: the tables a process keeps open serve only it ("":
-    # nothing kept open; sink.lakehouse.open_tables).
+    # nothing kept open; sink.lakehouse.engines.open_tables).
     sink_instance: str = ""
     # The names the log's partition values go by (physical ones under column mapping), for
     # reading other writers' commits; None: the partition columns' own.

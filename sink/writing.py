@@ -2,8 +2,8 @@
 
 Tagged writes arrive routed by the partition they change (`keys.spark_write_route_expr`),
 so each partition's changes to stored rows are all in one task: it rewrites the partition's
-files that hold changed keys and writes new keys (sink.lakehouse.rewrite; a history table's:
-its keys' rebuilt histories, sink.lakehouse.versions, every event of a partition in one
+files that hold changed keys and writes new keys (sink.lakehouse.commit.rewrite; a history table's:
+its keys' rebuilt histories, sink.lakehouse.commit.versions, every event of a partition in one
 task). New keys are spread over INSERT_SPLIT tasks. The task yields only what the
 driver commits: one FILE_OP row per file added, removed or marked, its action as JSON, and one with
 the task's counts. The rows the driver needs (tagging stats, quarantined records, delete
@@ -25,22 +25,15 @@ from deltalake.transaction import AddAction
 from pyspark import TaskContext
 
 from sink import columns as C
+from sink.delta_log.column_mapping import ColumnMapping
+from sink.delta_log.deletion_vectors import Descriptor
+from sink.delta_log.file_layout import DEFAULT_LAYOUT, FileLayout
+from sink.delta_log.identity import IdentityColumn, IdentityValues
 from sink.history_writes import HistoryBatch, history_writes
-from sink.lakehouse import versions
-from sink.lakehouse.column_mapping import ColumnMapping
-from sink.lakehouse.deletion_vectors import Descriptor
-from sink.lakehouse.file_layout import DEFAULT_LAYOUT, FileLayout
-from sink.lakehouse.identity import IdentityColumn, IdentityValues
-from sink.lakehouse.rewrite import (
-    ChangeFile,
-    MarkedFile,
-    Rewrite,
-    StoredFile,
-    WrittenFile,
-    rewrite_files,
-    summed_changes,
-)
-from sink.lakehouse.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
+from sink.lakehouse.commit import versions
+from sink.lakehouse.commit.actions import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, summed_changes
+from sink.lakehouse.commit.rewrite import rewrite_files
+from sink.lakehouse.commit.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging import TOMBSTONE
 
 FILE_OP = "_file"
@@ -70,11 +63,11 @@ class WriteContext:
     table_version: int = 0  # the version the batch was tagged against
     # A history table's batch (scd_type 2): the writes are its events (HISTORY_EVENT).
     history: HistoryBatch | None = None
-    merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.rewrite)
+    merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.commit.rewrite)
     change_data: bool = False  # the table has a change data feed: its files are written too
     column_mapping: ColumnMapping | None = None  # the table's: its files' column names
     # The identity columns whose values new rows get, drawn by each of the `tasks` writing
-    # tasks from its own share (sink.lakehouse.identity).
+    # tasks from its own share (sink.delta_log.identity).
     identity: tuple[IdentityColumn, ...] = ()
     tasks: int = 1
     layout: FileLayout = DEFAULT_LAYOUT  # what the table's properties ask of new files
@@ -136,7 +129,7 @@ class Written:
     partitions_changed: int
     seconds: float  # summed over the tasks
     # A history batch's counts, summed: "ops" (insert, update, delete), "versions_written",
-    # "versions_replaced", "changes" (sink.lakehouse.versions.HistoryRewrite).
+    # "versions_replaced", "changes" (sink.lakehouse.commit.versions.HistoryRewrite).
     history: dict | None = None
 
 

@@ -1,5 +1,5 @@
 """A Spark Connect server started as docs/spark-connect.md says: spark-submit's server class
-with Delta's package, extension and catalog (`python -m sink.lakehouse.spark_delta
+with Delta's package, extension and catalog (`python -m sink.lakehouse.engines.spark_delta
 --submit-args`), its workers on this interpreter. The suite's Connect pass runs on one."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class ConnectServer:
               timeout_s: float = 180) -> ConnectServer:
         import pyspark
 
-        from sink.lakehouse import spark_delta
+        from sink.lakehouse.engines import spark_delta
 
         port = free_port()
         env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PYSPARK_PYTHON": sys.executable}

@@ -43,10 +43,10 @@ def config(work: Path, scope: str, engine: str = "deltalake"):
 def kill_at(point: str, engine: str) -> None:
     """Make the next history commit SIGKILL this process at `point`."""
     if engine == "delta-spark":
-        from sink.lakehouse.delta_spark import DeltaSparkTarget as owner
+        from sink.lakehouse.engines.delta_spark import DeltaSparkTarget as owner
         name = "_merge"
     else:
-        from sink.lakehouse import rewrite as owner
+        from sink.lakehouse.commit import rewrite as owner
         name = "commit_rewrite"
     commit = getattr(owner, name)
 

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
-from sink.lakehouse.deletion_vectors import Descriptor
+from sink.delta_log.deletion_vectors import Descriptor
 from sink.task_context import spark_local_dirs
 from tests.engines import ENGINE_OPTIONS, SMALL_TABLES_CONF
 from tests.lakehouse.spark_sql_tables import COLUMNS, FEATURE_RICH_CONSTRAINT, create, spark_rows

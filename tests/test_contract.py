@@ -6,7 +6,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sink import ContractMismatchError, SchemaError, SinkConfig, UpsertSink
-from sink.lakehouse.contract import Contract
+from sink.delta_log.contract import Contract
 from sink.ops.cli import main
 
 pytestmark = pytest.mark.spark

@@ -12,8 +12,8 @@ import jobs.upsert_stream
 from jobs.job_config import SOURCE_FORMATS, load_job_config
 from jobs.upsert_stream import run
 from sink import SchemaError, SinkConfig
+from sink.delta_log import log_commit
 from sink.errors import ConfigError
-from sink.lakehouse import log_commit
 from tests.lakehouse.spark_sql_tables import FEATURE_RICH_REASON, amount_of, create_feature_rich
 from tests.oracle import Event, expected_history, expected_rows, random_batches
 from tests.scaleout_stream import history_rows

@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pyarrow as pa
 
-from sink.lakehouse.predicates import quote_ident
+from sink.delta_log.predicates import quote_ident
 from sink.ordering import arrow_greater, equal, less, newer_sql
 
 VALUES = list(itertools.product([1, 2], [1, 2], [1, 2]))  # every (a, b, c) pair of triples below

@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY
 from sink import SinkConfig, UnsupportedTableError, UpsertSink
 from sink.errors import ConfigError, ContractMismatchError, SchemaError
 from sink.history import END_AT, RUN_EVENTS, START_AT
-from sink.lakehouse import versions
-from sink.lakehouse.rewrite import matching_files
+from sink.lakehouse.commit import versions
+from sink.lakehouse.commit.key_hits import matching_files
 from sink.ops import cli
 from tests import history_crash
 from tests.engines import ENGINE_OPTIONS, UPDATES_COMMIT

@@ -10,10 +10,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from sink import columns as C
-from sink.lakehouse import rewrite
+from sink.lakehouse.commit import actions, rewrite
 from sink.prepare import tagged_schema
 from sink.writing import FILE_OP, WriteContext, read_written, write_batches
-from tests.lakehouse.test_rewrite import DAYS, SCHEMA, commit_rewrite, contents, random_batch, seeded, writes_of
+from tests.lakehouse.commit.test_rewrite import DAYS, SCHEMA, commit_rewrite, contents, random_batch, seeded, writes_of
 
 OUTPUT = to_arrow_schema(tagged_schema(from_arrow_schema(SCHEMA), 2), timezone="UTC")
 
@@ -21,7 +21,7 @@ OUTPUT = to_arrow_schema(tagged_schema(from_arrow_schema(SCHEMA), 2), timezone="
 def context(path, partial=False):
     return WriteContext(table_uri=path, schema=SCHEMA, key_cols=("k1", "k2"), ordering=("o1", "o2"),
                         partition_by=("day",), incoming_wins_ties=True, partial=partial, output_schema=OUTPUT,
-                        files=rewrite.stored_files(DeltaTable(path), ["day"]))
+                        files=actions.stored_files(DeltaTable(path), ["day"]))
 
 
 def tagged(records, op=None):
@@ -44,7 +44,7 @@ def commit(path, out, batch=1):
     written = read_written(out.filter(pa.compute.equal(out.column(C.OP), FILE_OP)).column(C.STATS).to_pylist())
     dt = DeltaTable(path)
     props = CommitProperties(app_transactions=[Transaction("w", batch)], max_commit_retries=0)
-    rewrite.commit_rewrite(dt, path, written.rewrite, rewrite.stored_files(dt, ["day"]), SCHEMA, ["day"], props)
+    rewrite.commit_rewrite(dt, path, written.rewrite, actions.stored_files(dt, ["day"]), SCHEMA, ["day"], props)
     return written
 
 

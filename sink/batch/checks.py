@@ -14,6 +14,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sink import columns as C
 from sink.batch.state import BatchState
 from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
+from sink.delta_log.contract import Contract
+from sink.delta_log.features import append_only, row_checks
+from sink.delta_log.schema import added_columns, check_history_columns, pending
 from sink.errors import (
     ConstraintViolationError,
     ContractMismatchError,
@@ -22,10 +25,7 @@ from sink.errors import (
     WriterIdReusedError,
 )
 from sink.history import HISTORY_COLUMNS, RUN_EVENTS, HistoryColumns, history_fields
-from sink.lakehouse.contract import Contract
-from sink.lakehouse.engine import DeltaEngine
-from sink.lakehouse.features import append_only, row_checks
-from sink.lakehouse.schema import added_columns, check_history_columns, pending
+from sink.lakehouse.engines.engine import DeltaEngine
 from sink.library_errors import first_line
 from sink.prepare import quarantine_reason, validate_stream, violation, with_hidden_ordering
 from sink.session import session_kind

@@ -2,7 +2,7 @@
 (sink.batch.retry):
 
 - `RecordsCommit`: the driver holds the batch's writes; the target appends them (inserts
-  only), rewrites the files the index located, or MERGEs (sink.lakehouse.delta_rs);
+  only), rewrites the files the index located, or MERGEs (sink.lakehouse.engines.delta_rs);
 - `WrittenCommit`: Spark's writing tasks wrote the batch's files; the driver commits them as
   Add/Remove actions;
 - `SourceCommit`: the writes stayed where the executors tagged them; Spark's MERGE (or append)
@@ -24,18 +24,18 @@ from sink.batch.other_writers import OtherWriters
 from sink.batch.retry import CommitRetries
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
-from sink.history import HistoryColumns
-from sink.history_writes import HistoryBatch, history_writes
-from sink.lakehouse.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, rows_in
-from sink.lakehouse.engine import DeltaEngine
-from sink.lakehouse.log import (
+from sink.delta_log.predicates import quote_ident
+from sink.delta_log.reading import (
     NUM_SHARDS_PROPERTY,
     OTHER_WRITERS_SEEN_PROPERTY,
     READ_VERSION_PROPERTY,
     SHARDS_PROPERTY,
 )
-from sink.lakehouse.predicates import quote_ident
-from sink.lakehouse.schema import pending, with_added
+from sink.delta_log.schema import pending, with_added
+from sink.history import HistoryColumns
+from sink.history_writes import HistoryBatch, history_writes
+from sink.lakehouse.engines.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, rows_in
+from sink.lakehouse.engines.engine import DeltaEngine
 from sink.moves import keep_stored_values, placed
 from sink.outcomes import record_partitions
 from sink.tagging import DELETE, INSERT, UPDATE

@@ -25,8 +25,8 @@ from sink.batch.state import BatchState
 from sink.config import SinkConfig
 from sink.index.registry import close_kept_open, is_kept_open
 from sink.index.spec import replica_path
-from sink.lakehouse import open_tables
-from sink.lakehouse.delta_rs import COMMIT_KINDS
+from sink.lakehouse.engines import open_tables
+from sink.lakehouse.engines.delta_rs import COMMIT_KINDS
 from sink.library_errors import first_line
 from sink.placement import unplaced_deletes
 from sink.task_context import TaskContext

@@ -33,12 +33,12 @@ from deltalake.exceptions import CommitFailedError
 
 from sink import columns as C
 from sink.config import SinkConfig
+from sink.delta_log.column_mapping import log_keys
+from sink.delta_log.predicates import quote_ident
+from sink.delta_log.reading import OTHER_WRITERS_SEEN_PROPERTY, RESTORE, CommitSummary, read_commit
 from sink.errors import OtherWriterCommitError
 from sink.index.loader import OTHER_WRITERS, TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER, plain
-from sink.lakehouse.column_mapping import log_keys
-from sink.lakehouse.delta_rs import append_once, rows_in
-from sink.lakehouse.log import OTHER_WRITERS_SEEN_PROPERTY, RESTORE, CommitSummary, read_commit
-from sink.lakehouse.predicates import quote_ident
+from sink.lakehouse.engines.delta_rs import append_once, rows_in
 from sink.library_errors import first_line
 from sink.ops.tombstones import latest_per_key
 

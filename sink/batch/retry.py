@@ -28,7 +28,7 @@ def backoff_seconds(attempt: int, jitter: float) -> float:
 
 
 class LandedCommit(Protocol):
-    """A commit another writer made (sink.lakehouse.log.CommitSummary)."""
+    """A commit another writer made (sink.delta_log.reading.CommitSummary)."""
 
     partitions: frozenset[str] | None  # the partitions whose data it changed; None: cannot tell
 

@@ -15,7 +15,7 @@ from sink.batch.state import BatchState
 from sink.config import SinkConfig
 from sink.index import changelog
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER
-from sink.lakehouse.delta_rs import append_once
+from sink.lakehouse.engines.delta_rs import append_once
 from sink.ops.report import BatchReport
 from sink.ops.tombstones import latest_per_key
 from sink.outcomes import QUARANTINED

@@ -15,8 +15,8 @@ from sink import columns as C
 from sink.batch.other_writers import OtherWriters
 from sink.batch.state import BatchState, TaggedBatch
 from sink.config import SinkConfig
-from sink.lakehouse.engine import DeltaEngine
-from sink.lakehouse.features import append_only
+from sink.delta_log.features import append_only
+from sink.lakehouse.engines.engine import DeltaEngine
 from sink.ops.report import BatchReport
 from sink.task_context import TaskContext, task_context
 from sink.task_stats import TaskStats

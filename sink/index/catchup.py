@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from sink.delta_log.reading import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, CommitSummary
 from sink.index.replica import ShardReplica
-from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, CommitSummary
 
 ReadCommit = Callable[[int], CommitSummary | None]
 # This shard's index entries (CHANGES_SCHEMA) of one of this writer's batches, from the

@@ -26,8 +26,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import xxhash
 
+from sink.delta_log.reading import filesystem
 from sink.index.entry import changes_schema, width_of
-from sink.lakehouse.log import filesystem
 
 _HEADER = b"upsert_sink.changelog"
 

@@ -12,9 +12,9 @@ from deltalake import DeltaTable
 
 from sink import columns as C
 from sink import keys
+from sink.delta_log.predicates import partition_predicate
 from sink.index import history_locations
-from sink.index.entry import pack_located_many, pack_many
-from sink.lakehouse.predicates import partition_predicate
+from sink.index.entry import expire_before, pack_located_many, pack_many
 from sink.ordering import arrow_greater, columns_of, stack
 
 # Tombstone rows name the writer and batch that wrote them: they count once the table holds
@@ -223,6 +223,15 @@ def committed_tombstones(table: DeltaTable, tombstones: DeltaTable, predicate: s
     scanned = pa.table(tombstones.scan(columns=[*columns, TOMBSTONE_WRITER, TOMBSTONE_BATCH], predicate=predicate))
     rows = pa.table({c: _plain(scanned.column(c)) for c in scanned.column_names})
     return rows.filter(committed(table, rows)).select(columns)
+
+
+def expired_rows(rows: pa.Table, ttl_seconds: int | None, now: float) -> pa.Array:
+    """Rows whose delete is older than the TTL, by the rule tagging applies to index entries
+    (rows without a time count as deleted at the epoch)."""
+    cutoff = expire_before(ttl_seconds, now)
+    if cutoff is None:
+        return pa.array(np.zeros(rows.num_rows, bool))
+    return pc.less(stamp_seconds(rows), cutoff)
 
 
 def committed(table: DeltaTable, rows: pa.Table) -> pa.Array:

@@ -21,6 +21,11 @@ from deltalake import DeltaTable
 from sink.batch.other_writers import OtherWriters
 from sink.columns import distinct
 from sink.config import SinkConfig
+from sink.delta_log import metadata_commit
+from sink.delta_log.column_mapping import log_keys
+from sink.delta_log.contract import Contract
+from sink.delta_log.reading import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
+from sink.delta_log.schema import plain_layouts
 from sink.errors import SinkError
 from sink.index import changelog, holder
 from sink.index.catchup import catch_up
@@ -31,11 +36,6 @@ from sink.index.loader import read_global, read_partition
 from sink.index.replica import ShardReplica
 from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.keys import describe_key
-from sink.lakehouse import metadata_commit
-from sink.lakehouse.column_mapping import log_keys
-from sink.lakehouse.contract import Contract
-from sink.lakehouse.log import READ_VERSION_PROPERTY, read_commit, recorded_num_shards
-from sink.lakehouse.schema import plain_layouts
 from sink.library_errors import first_line
 from sink.ops.tombstones import compact
 from sink.task_context import default_index_root

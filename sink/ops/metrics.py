@@ -10,7 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from sink import placement
 from sink.errors import SinkError
-from sink.lakehouse.delta_rs import COMMIT_KINDS
+from sink.lakehouse.engines.delta_rs import COMMIT_KINDS
 from sink.task_stats import LOAD_REASONS
 
 _LABEL = ["sink"]

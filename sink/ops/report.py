@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sink.lakehouse.delta_rs import CommitOutcome
-from sink.lakehouse.versions import VERSION_CHANGES
+from sink.lakehouse.commit.versions import VERSION_CHANGES
+from sink.lakehouse.engines.delta_rs import CommitOutcome
 from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED
 from sink.placement import PLACEMENTS, WITHOUT_PARTITION
 from sink.tagging import UPDATE
@@ -87,7 +87,7 @@ class BatchReport:
     write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)
     tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
     # scd_type = 2: rows of the batch's keys' rebuilt histories, the stored rows they replaced,
-    # and versions opened, closed and split (sink.lakehouse.versions.HistoryRewrite).
+    # and versions opened, closed and split (sink.lakehouse.commit.versions.HistoryRewrite).
     versions_written: int = 0
     versions_replaced: int = 0
     version_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERSION_CHANGES, 0))

@@ -20,8 +20,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from sink.config import SinkConfig
-from sink.index.entry import expire_before
-from sink.index.loader import TOMBSTONE_DELETED_AT, committed, stamp_seconds
+from sink.index.loader import TOMBSTONE_DELETED_AT, committed, expired_rows
 from sink.ordering import columns_of
 
 
@@ -74,12 +73,3 @@ def compact(cfg: SinkConfig, now: float) -> Compaction | None:
                     commit_properties=CommitProperties(custom_metadata={"upsert_sink.operation": "compact tombstones"}))
     tombstones.update_incremental()
     return Compaction(**{**report.__dict__, "version": tombstones.version()})
-
-
-def expired_rows(rows: pa.Table, ttl_seconds: int | None, now: float) -> pa.Array:
-    """Rows whose delete is older than the TTL, by the rule tagging applies to index entries
-    (rows without a time count as deleted at the epoch)."""
-    cutoff = expire_before(ttl_seconds, now)
-    if cutoff is None:
-        return pa.array(np.zeros(rows.num_rows, bool))
-    return pc.less(stamp_seconds(rows), cutoff)

@@ -7,7 +7,7 @@ from deltalake import DeltaTable
 
 from sink import OtherWriterCommitError, SinkConfig, UpsertSink
 from sink.batch.other_writers import Undone, removed_rows, undone_by
-from sink.lakehouse.log import CommitSummary
+from sink.delta_log.reading import CommitSummary
 from tests import damage
 from tests.lakehouse.spark_sql_tables import create, spark_rows
 from tests.oracle import SCHEMA, Event, TableModel, random_batches

@@ -3,12 +3,12 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
+from sink.delta_log.reading import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY, CommitSummary
 from sink.index import changelog
 from sink.index.catchup import catch_up
 from sink.index.entry import CHANGES_SCHEMA, Entry
 from sink.index.replica import ShardReplica
 from sink.index.spec import replica_spec
-from sink.lakehouse.log import NUM_SHARDS_PROPERTY, READ_VERSION_PROPERTY, SHARDS_PROPERTY, CommitSummary
 
 WRITER = "w"
 SHARD = 1

@@ -8,13 +8,13 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from sink import keys
+from sink.delta_log.reading import read_commit
 from sink.errors import PartitionLoadError
 from sink.index.catchup import catch_up
 from sink.index.entry import Entry
 from sink.index.lifecycle import ShardSource, bootstrap, evict, load_partitions
 from sink.index.loader import OTHER_WRITERS, TOMBSTONE_BATCH, TOMBSTONE_WRITER
 from sink.index.replica import ShardReplica
-from sink.lakehouse.log import read_commit
 
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 KEYS_PER_PARTITION = 40
