@@ -21,8 +21,9 @@ from sink.config import SinkConfig
 from sink.delta_log.schema import with_added
 from sink.executor import tag_batches
 from sink.history_writes import HistoryBatch
-from sink.lakehouse.engines.delta_rs import COMMIT_KINDS, MERGE_ON_READ
+from sink.lakehouse.engines.delta_rs import COMMIT_KINDS
 from sink.lakehouse.engines.engine import DeltaEngine
+from sink.lakehouse.engines.update_modes import MERGE_ON_READ
 from sink.library_errors import partition_load_failure, spark_aborted_a_rerun
 from sink.ops import metrics
 from sink.prepare import sql_string

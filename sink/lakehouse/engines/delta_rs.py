@@ -4,7 +4,7 @@ the executors kept, in one Spark task (sink.lakehouse.engines.merge_task)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,25 +15,15 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from sink.delta_log import checkpoints, log_commit, metadata_commit
-from sink.delta_log.column_mapping import ColumnMapping, log_keys, writable
 from sink.delta_log.contract import Contract
 from sink.delta_log.features import (
-    COLUMN_MAPPING,
-    ENABLE_CHANGE_DATA_FEED,
     ENABLE_DELETION_VECTORS,
     GENERATION_EXPRESSION,
-    IDENTITY_COLUMNS,
-    ROW_CHECKS,
-    change_data_feed,
-    merge_only_reason,
     supports_deletion_vectors,
-    unreadable_reason,
     unwritable_reason,
-    v2_checkpoints,
     writes_deletion_vectors,
 )
-from sink.delta_log.file_layout import FileLayout
-from sink.delta_log.identity import IdentityColumn, IdentityValues
+from sink.delta_log.identity import IdentityValues
 from sink.delta_log.live_vectors import LiveDeletionVectors
 from sink.delta_log.predicates import partitions_predicate, quote_ident
 from sink.delta_log.reading import CommitSummary, filesystem, read_app_versions, read_commit
@@ -50,6 +40,7 @@ from sink.lakehouse.commit.writes import (
 )
 from sink.lakehouse.engines import append, merge, merge_task, open_tables
 from sink.lakehouse.engines.merge_clauses import UpsertSpec, upsert_clauses
+from sink.lakehouse.engines.update_modes import MERGE_ON_READ, UpdateModes
 from sink.ordering import columns_of
 
 if TYPE_CHECKING:
@@ -60,11 +51,8 @@ __all__ = ["COMMIT_KINDS", "PARTIAL_COLUMN", "WRITE_COLUMN", "CommitFailedError"
 
 log = logging.getLogger(__name__)
 
-# The features the sink's own log commit writes (sink.delta_log.log_commit), which then need no MERGE.
-LOG_COMMIT_FEATURES = (ENABLE_DELETION_VECTORS, ENABLE_CHANGE_DATA_FEED)
 # How a batch's commit landed: new keys only, files rewritten, rows marked in deletion vectors
 # (and their new versions written), or a MERGE (the fallback).
-MERGE_ON_READ = "merge-on-read"
 COMMIT_KINDS = ("append", "rewrite", MERGE_ON_READ, "merge")
 
 @dataclass(frozen=True)
@@ -75,8 +63,8 @@ class CommitOutcome:
     unchanged: int = 0  # updates that changed nothing: the stored row already held them
 
 
-class DeltaTarget:
-    """The target table, as seen by one sink."""
+class DeltaTarget(UpdateModes):
+    """The target table, as seen by one sink; how its updates commit: `UpdateModes`."""
 
     def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
                  allow_protocol_upgrade: bool = False, checks_rows: bool = False):
@@ -328,13 +316,6 @@ class DeltaTarget:
         added = pending(added_columns, present)
         return added, with_added(present, added)
 
-    def _check_history_readable(self) -> None:
-        """UnsupportedTableError when a history table's files cannot be read as they are."""
-        unreadable = unreadable_reason(self.table)
-        if unreadable is not None:
-            raise UnsupportedTableError(f"{self.uri} uses {unreadable}: a history table (scd_type = 2) reads the "
-                                        "versions it rebuilds from the table's files; nothing was written")
-
     def _add_columns(self, added_columns: Sequence[pa.Field], before: int) -> None:
         """Add the batch's new columns in a metadata commit right after version `before`.
         Not MERGE's merge_schema: delta-rs 1.6.6 then gives the table a new id (every replica
@@ -361,65 +342,6 @@ class DeltaTarget:
                 write_deltalake(self.table, schema.empty_table(), mode="append", commit_properties=props,
                                 post_commithook_properties=checkpoints.NO_HOOKS)
             self.refresh()
-
-    def update_mode(self) -> str:
-        """How this batch's updates commit: "rewrite"; "merge-on-read" on a table writing
-        deletion vectors; or "merge" when configured or when the table has a feature neither
-        honours (logged once per reason)."""
-        if self.commit_mode == "merge":
-            return "merge"
-        checked = ROW_CHECKS if self.checks_rows else ()
-        reason = self._merge_only_reason(honoured=checked)
-        if reason is None:
-            return "rewrite"
-        # Deletion vectors, the change data feed and column mapping (of top-level columns):
-        # the sink's own log commit writes them; deletion vectors not on a v2-checkpoint table,
-        # whose live vectors it cannot replay.
-        vectors = writes_deletion_vectors(self.table) and not v2_checkpoints(self.table)
-        logged = (*(LOG_COMMIT_FEATURES if vectors else (ENABLE_CHANGE_DATA_FEED,)),
-                  *((COLUMN_MAPPING,) if writable(self.table) else ()),
-                  *((IDENTITY_COLUMNS,) if self._generates_identity() else ()))
-        reason = self._merge_only_reason(honoured=(*checked, *logged))
-        unsupported = log_commit.unsupported_feature(self.table)
-        if reason is None and unsupported is None:
-            return MERGE_ON_READ if vectors else "rewrite"
-        reason = reason or f"the table feature {unsupported!r}, which the sink's log commit does not write"
-        if reason != self._merge_reason:
-            log.warning("%s: updates commit through MERGE, not by rewriting files: the table uses %s",
-                        self.uri, reason)
-            self._merge_reason = reason
-        return "merge"
-
-    def _merge_only_reason(self, *, honoured: Collection[str] = ()) -> str | None:
-        return merge_only_reason(self.table, honoured=honoured)
-
-    def change_data_feed(self) -> bool:
-        return change_data_feed(self.table)
-
-    def column_mapping(self) -> ColumnMapping | None:
-        return ColumnMapping.of(self.table)
-
-    def file_layout(self) -> FileLayout:
-        mapping = self.column_mapping()
-        return FileLayout.of(self.table.metadata().configuration, mapping.physical if mapping else None)
-
-    def _generates_identity(self) -> bool:
-        """The sink's own commits may generate this table's identity values (delta-rs'
-        cannot: under engine = "deltalake" such a table is refused, `check_writable`)."""
-        return False
-
-    def written_identity(self) -> tuple[IdentityColumn, ...]:
-        """The identity columns whose values the sink's commits of this batch generate (none:
-        the table has none, or Spark writes it)."""
-        return ()
-
-    def partition_log_keys(self) -> tuple[str, ...]:
-        return log_keys(self.table, self.partition_by)
-
-    def history_update_mode(self) -> str:
-        """How a history table's rebuilt versions commit: as updates do, but through MERGE on a
-        table with a change data feed (the rebuild writes no change files)."""
-        return "merge" if self.change_data_feed() else self.update_mode()
 
     def commits_since(self, version: int) -> list[CommitSummary]:
         """The commits after `version` up to the loaded one (a gone log entry reads as a
