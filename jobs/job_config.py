@@ -13,7 +13,7 @@ from jobs import kafka_source
 from jobs.envelopes import ENVELOPES
 from jobs.mirror import SAMPLE_TOPIC, MirrorConfig
 from jobs.supervisor import Backoff
-from sink.config import SINK_SOURCE, SinkConfig, read_toml, sink_tables, without_source
+from sink.config.sink_config import SINK_SOURCE, SinkConfig, read_toml, sink_tables, without_source
 from sink.errors import ConfigError
 from sink.prepare import PARSED_FORMATS
 

@@ -30,8 +30,8 @@ from jobs.spark_session import spark_session  # noqa: E402
 from jobs.supervisor import Table, supervise  # noqa: E402
 from sink import SinkConfig, UpsertSink  # noqa: E402
 from sink.columns import PREFIX  # noqa: E402
-from sink.config import HIDDEN_ORDERING_PREFIX  # noqa: E402
-from sink.config_sections import ENGINES  # noqa: E402
+from sink.config.options import HIDDEN_ORDERING_PREFIX  # noqa: E402
+from sink.config.sections import ENGINES  # noqa: E402
 from sink.errors import ConfigError  # noqa: E402
 from sink.history import HISTORY_COLUMNS  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402

@@ -11,7 +11,8 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 
 from sink import columns as C
 from sink import keys
-from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
+from sink.config import SinkConfig
+from sink.config.options import HIDDEN_ORDERING_PREFIX
 from sink.errors import SchemaError
 from sink.history import HISTORY_COLUMNS
 from sink.ordering import helper_columns

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from sink import keys
 from sink.config import SinkConfig
-from sink.config_sections import IndexSection, StreamSection, TableSection
+from sink.config.sections import IndexSection, StreamSection, TableSection
 from sink.index import changelog
 from sink.index.entry import expire_before
 from sink.index.spec import replica_spec

@@ -5,7 +5,7 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder
 
 from sink import SchemaError, SinkConfig, UpsertSink
-from sink.config import HIDDEN_ORDERING_PREFIX
+from sink.config.options import HIDDEN_ORDERING_PREFIX
 from sink.errors import ConfigError, ContractMismatchError
 from sink.ops import cli
 from tests.engines import ENGINE_OPTIONS, UPDATES_COMMIT

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from sink.config import SinkConfig
-from sink.config_docs import PAGE, field_docs, reference_table, written
+from sink.config.docs import PAGE, field_docs, reference_table, written
 
 
 def test_every_sink_config_field_is_documented_in_order():
@@ -48,7 +48,7 @@ def test_the_table_has_a_row_per_field():
 
 def test_the_configuration_page_holds_the_reference_as_the_code_gives_it():
     """docs/configuration.md itself, not only the site, holds the table: regenerate it with
-    `python -m sink.config_docs` after changing a field."""
+    `python -m sink.config.docs` after changing a field."""
     page = PAGE.read_text()
     assert reference_table() in page
     assert written(page) == page

@@ -5,8 +5,7 @@ import typing
 import pyarrow as pa
 import pytest
 
-from sink import config_sections as sections
-from sink.config import SinkConfig
+from sink.config import SinkConfig, sections
 from sink.errors import ConfigError
 from sink.task_context import task_context
 

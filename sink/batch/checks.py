@@ -13,7 +13,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from sink import columns as C
 from sink.batch.state import BatchState
-from sink.config import HIDDEN_ORDERING_PREFIX, SinkConfig
+from sink.config import SinkConfig
+from sink.config.options import HIDDEN_ORDERING_PREFIX
 from sink.delta_log.contract import Contract
 from sink.delta_log.features import append_only, row_checks
 from sink.delta_log.schema import added_columns, check_history_columns, pending

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, Protocol
 
-from sink.config_sections import Scope
+from sink.config.sections import Scope
 from sink.errors import CommitConflictError
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """`SinkConfig`'s options grouped by what they are about, each a small typed section that
 checks its own values: the table, the stream, the index, the commit, the side tables, the
 runtime, and history (scd_type = 2). `SinkConfig` keeps the flat public fields (the TOML
-keys); `cfg.table`, `cfg.index`, ... are these views of them."""
+keys, sink.config.options); `cfg.table`, `cfg.index`, ... are these views of them. A section
+reads the options (`SinkOptions`), never the whole `SinkConfig` that checks them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sink.errors import ConfigError
 from sink.ordering import columns_of
 
 if TYPE_CHECKING:
-    from sink.config import SinkConfig
+    from sink.config.options import SinkOptions
 
 Scope = Literal["partitioned", "global"]
 Engine = Literal["auto", "deltalake", "delta-spark"]
@@ -50,7 +51,7 @@ class TableSection:
         return distinct(self.key, self.partition_by, self.ordering)
 
     @classmethod
-    def of(cls, cfg: SinkConfig) -> TableSection:
+    def of(cls, cfg: SinkOptions) -> TableSection:
         require_str("table_uri", cfg.table_uri)
         require_columns("key", cfg.key, allow_empty=False)
         require_columns("partition_by", cfg.partition_by, allow_empty=True)
@@ -96,7 +97,7 @@ class StreamSection:
         return self.ties == "incoming"
 
     @classmethod
-    def of(cls, cfg: SinkConfig) -> StreamSection:
+    def of(cls, cfg: SinkOptions) -> StreamSection:
         require_choice("ties", cfg.ties, TIES)
         require_choice("schema_evolution", cfg.schema_evolution, SCHEMA_EVOLUTION)
         require_choice("check_constraints", cfg.check_constraints, CHECK_CONSTRAINTS)
@@ -144,7 +145,7 @@ class IndexSection:
     verify_every_batches: int
 
     @classmethod
-    def of(cls, cfg: SinkConfig) -> IndexSection:
+    def of(cls, cfg: SinkOptions) -> IndexSection:
         if cfg.num_shards is not None:
             require_int("num_shards", cfg.num_shards, 1, 4096)
         require_int("bootstrap_days", cfg.bootstrap_days, 0, 100_000)
@@ -187,7 +188,7 @@ class CommitSection:
     checkpoint_dir: str | None
 
     @classmethod
-    def of(cls, cfg: SinkConfig) -> CommitSection:
+    def of(cls, cfg: SinkOptions) -> CommitSection:
         require_choice("engine", cfg.engine, ENGINES)
         require_choice("commit_mode", cfg.commit_mode, COMMIT_MODES)
         require_bool("allow_protocol_upgrade", cfg.allow_protocol_upgrade)
@@ -214,7 +215,7 @@ class SideTablesSection:
     changelog_retention_versions: int
 
     @classmethod
-    def of(cls, cfg: SinkConfig) -> SideTablesSection:
+    def of(cls, cfg: SinkOptions) -> SideTablesSection:
         if cfg.tombstone_ttl_hours is not None:
             require_hours("tombstone_ttl_hours", cfg.tombstone_ttl_hours, 1_000_000)
         require_int("changelog_retention_versions", cfg.changelog_retention_versions, 1, 10_000_000)
@@ -234,7 +235,7 @@ class RuntimeSection:
     probe_cache_bytes: int
 
     @classmethod
-    def of(cls, cfg: SinkConfig) -> RuntimeSection:
+    def of(cls, cfg: SinkOptions) -> RuntimeSection:
         require_choice("tag_on", cfg.tag_on, TAG_ON)
         require_int("file_cache_bytes", cfg.file_cache_bytes, 0, 1 << 40)
         require_int("probe_cache_bytes", cfg.probe_cache_bytes, 0, 1 << 40)
@@ -258,7 +259,7 @@ class HistorySection:
     track_history_except_columns: tuple[str, ...] | None
 
     @classmethod
-    def of(cls, cfg: SinkConfig) -> HistorySection:
+    def of(cls, cfg: SinkOptions) -> HistorySection:
         if isinstance(cfg.scd_type, bool) or cfg.scd_type not in SCD_TYPES:
             raise ConfigError(f"scd_type = {cfg.scd_type!r} is not accepted; accepted values: {list(SCD_TYPES)}")
         named = {n: v for n, v in (("track_history_columns", cfg.track_history_columns),
@@ -283,7 +284,7 @@ class HistorySection:
                                    for v in (cfg.track_history_columns, cfg.track_history_except_columns)))
 
 
-def _check_tiering(cfg: SinkConfig) -> None:
+def _check_tiering(cfg: SinkOptions) -> None:
     date = cfg.partition_date
     if isinstance(date, str):
         if date not in cfg.partition_by:

@@ -1,6 +1,7 @@
-"""The configuration reference: SinkConfig's fields with their docstrings and defaults, written
-into docs/configuration.md between its markers (`python -m sink.config_docs` writes it; a test
-fails when the page and the code differ), so the page cannot drift from the code."""
+"""The configuration reference: SinkConfig's fields (sink.config.options.SinkOptions) with their
+docstrings and defaults, written into docs/configuration.md between its markers
+(`python -m sink.config.docs` writes it; a test fails when the page and the code differ), so
+the page cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sink.config import SinkConfig
+from sink.config.options import SinkOptions
 
 DEFAULT_PREFIX = "Default: "
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 BEGIN, END = "<!-- sink-config-reference -->", "<!-- /sink-config-reference -->"
 
 
@@ -26,7 +27,7 @@ class FieldDoc:
     default: str  # as a TOML value, "required", or what that paragraph says
 
 
-def field_docs(cls: type = SinkConfig) -> list[FieldDoc]:
+def field_docs(cls: type = SinkOptions) -> list[FieldDoc]:
     """Every dataclass field of `cls`, in order, with the string literal that follows it in the
     class body (an attribute docstring). A field without one raises ValueError, naming it."""
     body = ast.parse(inspect.getsource(cls)).body[0].body
@@ -65,7 +66,7 @@ def _toml(value) -> str:
     return f"`{value!r}`"
 
 
-def reference_table(cls: type = SinkConfig) -> str:
+def reference_table(cls: type = SinkOptions) -> str:
     """The fields as a Markdown table: key, meaning, default."""
     rows = ["| key | meaning | default |", "|---|---|---|"]
     rows += [f"| `{d.name}` | {d.doc} | {d.default} |" for d in field_docs(cls)]
