@@ -9,7 +9,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from sink.prepare import sql_string
+from sink.routing import sql_string
 
 
 class HandWrittenMerge:

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from sink.index.entry import pack_many
 from sink.index.replica import ShardReplica
-from sink.tagging import tag
+from sink.tagging.classify import tag
 
 PID = "dt=2025-03-01"
 

@@ -26,7 +26,7 @@ from jobs.job_config import load_job_config
 from jobs.upsert_stream import run
 from sink.errors import SinkError
 from sink.ops import metrics
-from sink.outcomes import OUTCOMES
+from sink.tagging.outcomes import OUTCOMES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "sink.toml"
 DAYS = 30

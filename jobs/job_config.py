@@ -15,7 +15,7 @@ from jobs.mirror import SAMPLE_TOPIC, MirrorConfig
 from jobs.supervisor import Backoff
 from sink.config.sink_config import SINK_SOURCE, SinkConfig, read_toml, sink_tables, without_source
 from sink.errors import ConfigError
-from sink.prepare import PARSED_FORMATS
+from sink.routing import PARSED_FORMATS
 
 FILE_FORMATS = (*PARSED_FORMATS, "parquet")
 SOURCE_FORMATS = (*FILE_FORMATS, "kafka")

@@ -51,7 +51,7 @@ from sink.errors import ConfigError
 from sink.keys import quoted_column
 from sink.lakehouse.engines import spark_delta
 from sink.ops import metrics
-from sink.prepare import CANNOT_DECODE, sql_string
+from sink.routing import CANNOT_DECODE, sql_string
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def in_any(texts: list[str]) -> str:
 
 def foreign(envelope: str) -> str:
     """SQL of why a message of another table's schema is refused: the first line of its
-    corrupt-record text (sink.prepare)."""
+    corrupt-record text (sink.routing)."""
     return (f"concat('{CANNOT_DECODE} message: its Connect schema ', "
             f"coalesce(get_json_object(CAST(value AS STRING), '$.schema.name'), '?'), "
             f"' is of another table than ', {sql_string(envelope)})")

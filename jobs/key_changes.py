@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from sink.keys import quoted_column
-from sink.prepare import sql_string
+from sink.routing import sql_string
 
 HEADER = "__debezium.oldkey"
 # The old key's JSON text, carried from the message's headers through the envelope's flattening.

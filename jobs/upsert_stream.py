@@ -35,7 +35,7 @@ from sink.config.sections import ENGINES  # noqa: E402
 from sink.errors import ConfigError  # noqa: E402
 from sink.history import HISTORY_COLUMNS  # noqa: E402
 from sink.keys import quoted_column  # noqa: E402
-from sink.prepare import PARSED_FORMATS  # noqa: E402
+from sink.routing import PARSED_FORMATS  # noqa: E402
 from sink.session import session_kind  # noqa: E402
 
 log = logging.getLogger("jobs.upsert_stream")

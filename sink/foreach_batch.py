@@ -28,9 +28,9 @@ from sink.lakehouse.engines import open_tables
 from sink.lakehouse.engines.engine import delta_engine
 from sink.ops import metrics
 from sink.ops.report import BatchReport
-from sink.outcomes import OUTCOMES
-from sink.release import Replicas, release_executor_replicas
 from sink.session import SessionKind, is_connect, session_kind
+from sink.tagging.outcomes import OUTCOMES
+from sink.tagging.release import Replicas, release_executor_replicas
 
 log = logging.getLogger(__name__)
 

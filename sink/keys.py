@@ -196,7 +196,7 @@ def partition_id(columns: Sequence[str], values: Sequence[str | None]) -> str:
 
 def null_partition_id(columns: Sequence[str]) -> str:
     """The partition id of null partition values: where partitioned scope keeps deletes that
-    named no partition and found no row (sink.placement)."""
+    named no partition and found no row (sink.tagging.placement)."""
     return partition_id(columns, [None] * len(columns))
 
 

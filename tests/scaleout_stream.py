@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 from sink.delta_log.deletion_vectors import Descriptor
-from sink.task_context import spark_local_dirs
+from sink.tagging.task_context import spark_local_dirs
 from tests.engines import ENGINE_OPTIONS, SMALL_TABLES_CONF
 from tests.lakehouse.spark_sql_tables import COLUMNS, FEATURE_RICH_CONSTRAINT, create, spark_rows
 from tests.oracle import (
@@ -68,7 +68,7 @@ OCCUPIED_BATCHES = (1, 3, 5)
 
 
 def run_then_kill(task, folder: str, ctx, batches):
-    """A task (sink.writing.write_batches, sink.executor.tag_batches) that, when the stream
+    """A task (sink.tagging.writing.write_batches, sink.tagging.executor.tag_batches) that, when the stream
     armed it, does its work (writes its files, tags its records) and then SIGKILLs its
     executor's JVM before returning its output (one task per arming)."""
     out = list(task(ctx, batches))
@@ -229,8 +229,8 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
     """One of STREAMS. The global one moves the seeded keys into other partitions, deletes
     some by key alone and re-sends earlier records."""
     from sink import SinkConfig, UpsertSink
-    from sink.executor import tag_batches
-    from sink.writing import write_batches
+    from sink.tagging.executor import tag_batches
+    from sink.tagging.writing import write_batches
 
     scope = "global" if name.startswith("global") else "partitioned"
     history = "history" in name

@@ -7,7 +7,7 @@ import pytest
 
 from sink.config import SinkConfig, sections
 from sink.errors import ConfigError
-from sink.task_context import task_context
+from sink.tagging.task_context import task_context
 
 BASE = dict(table_uri="/data/t", key=["store", "sku"], partition_by=["store"], ordering=["ts", "seq"],
             checkpoint_dir="/data/cp")

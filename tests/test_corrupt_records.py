@@ -148,9 +148,9 @@ def _validate_warnings(spark, tmp_path, caplog, reader, cfg=None) -> list[str]:
     cfg = cfg or SinkConfig(table_uri=str(tmp_path / "t"), key=["order_id"], ordering="lsn", writer_id="w",
                             metrics_port=0)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="sink.prepare"):
+    with caplog.at_level("WARNING", logger="sink.routing"):
         UpsertSink(cfg).validate(reader(spark.readStream).load(str(landing)))
-    return [r.getMessage() for r in caplog.records if r.name == "sink.prepare"]
+    return [r.getMessage() for r in caplog.records if r.name == "sink.routing"]
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])

@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 from sink import columns as C
 from sink import keys
 from sink.config import SinkConfig
-from sink.prepare import prepare
+from sink.routing import prepare
 
 NON_ASCII = ["ü", "日本語キー", "emoji-🙂", "a b\tc", ""]
 

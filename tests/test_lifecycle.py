@@ -8,7 +8,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sink import SinkConfig, UpsertSink
-from sink.task_context import default_index_root
+from sink.tagging.task_context import default_index_root
 from tests.oracle import verify_replicas
 
 pytestmark = pytest.mark.spark

@@ -28,7 +28,7 @@ from sink.errors import (
 from sink.history import HISTORY_COLUMNS, RUN_EVENTS, HistoryColumns, history_fields
 from sink.lakehouse.engines.engine import DeltaEngine
 from sink.library_errors import first_line
-from sink.prepare import quarantine_reason, validate_stream, violation, with_hidden_ordering
+from sink.routing import quarantine_reason, validate_stream, violation, with_hidden_ordering
 from sink.session import session_kind
 
 log = logging.getLogger(__name__)

@@ -33,13 +33,13 @@ from sink.delta_log.reading import (
 )
 from sink.delta_log.schema import pending, with_added
 from sink.history import HistoryColumns
-from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse.engines.delta_rs import PARTIAL_COLUMN, WRITE_COLUMN, CommitFailedError, rows_in
 from sink.lakehouse.engines.engine import DeltaEngine
-from sink.moves import keep_stored_values, placed
-from sink.outcomes import record_partitions
-from sink.tagging import DELETE, INSERT, UPDATE
-from sink.task_context import TaskContext
+from sink.tagging.classify import DELETE, INSERT, UPDATE
+from sink.tagging.history_writes import HistoryBatch, history_writes
+from sink.tagging.moves import keep_stored_values, placed
+from sink.tagging.outcomes import record_partitions
+from sink.tagging.task_context import TaskContext
 
 
 class Committer(Protocol):

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sink import columns as C
-from sink import executor, keys
+from sink import keys
 from sink.batch.side_tables import SideTables
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
@@ -28,9 +28,10 @@ from sink.index.spec import replica_path
 from sink.lakehouse.engines import open_tables
 from sink.lakehouse.engines.delta_rs import COMMIT_KINDS
 from sink.library_errors import first_line
-from sink.placement import unplaced_deletes
-from sink.task_context import TaskContext
-from sink.task_stats import TaskStats
+from sink.tagging import executor
+from sink.tagging.placement import unplaced_deletes
+from sink.tagging.task_context import TaskContext
+from sink.tagging.task_stats import TaskStats
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class DriverTagger:
 def deletes_before_tagging(records: pa.Table, cfg: SinkConfig) -> pa.Table | None:
     """The valid delete records of a collected batch, as its tombstones take them, when tagging
     cannot change them: None when a delete names no partition in partitioned scope (the index
-    places it, sink.placement)."""
+    places it, sink.tagging.placement)."""
     deletes = records.filter(pc.and_(records.column(C.DELETE), pc.is_null(records.column(C.REASON))))
     if cfg.scope == "partitioned" and unplaced_deletes(deletes, cfg.partition_by, deletes.column(C.DELETE)).any():
         return None

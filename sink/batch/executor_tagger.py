@@ -1,6 +1,6 @@
 """Tagging on the executors (`tag_on = "executors"`, or "auto" under a cluster master): one
 Spark job routes the records by shard and tags each shard in a task (`mapInArrow` over
-sink.executor.tag_batches); where the table allows it, writing tasks after the tagging ones
+sink.tagging.executor.tag_batches); where the table allows it, writing tasks after the tagging ones
 write the batch's files, and only what the commit needs comes back to the driver."""
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ from sink.batch.side_tables import SideTables
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
 from sink.delta_log.schema import with_added
-from sink.executor import tag_batches
-from sink.history_writes import HistoryBatch
 from sink.lakehouse.engines.delta_rs import COMMIT_KINDS
 from sink.lakehouse.engines.engine import DeltaEngine
 from sink.lakehouse.engines.update_modes import MERGE_ON_READ
 from sink.library_errors import partition_load_failure, spark_aborted_a_rerun
 from sink.ops import metrics
-from sink.prepare import sql_string
-from sink.release import Replicas, release_executor_replicas
+from sink.routing import sql_string
 from sink.session import SessionKind
-from sink.tagging import INSERT
-from sink.task_context import TaskContext
-from sink.writing import INSERT_SPLIT, WriteContext, write_batches
+from sink.tagging.classify import INSERT
+from sink.tagging.executor import tag_batches
+from sink.tagging.history_writes import HistoryBatch
+from sink.tagging.release import Replicas, release_executor_replicas
+from sink.tagging.task_context import TaskContext
+from sink.tagging.writing import INSERT_SPLIT, WriteContext, write_batches
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """The prepare phase: the batch's records routed to shards and checked (bad ones marked for
-quarantine, sink.prepare), the tagging output's shape, and the input files in arrival order."""
+quarantine, sink.routing), the tagging output's shape, and the input files in arrival order."""
 
 from __future__ import annotations
 
 from sink.batch.state import BatchState
 from sink.config import SinkConfig
-from sink.prepare import prepare, tagged_schema
+from sink.routing import prepare, tagged_schema
 from sink.session import SessionKind
 
 

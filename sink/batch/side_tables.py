@@ -18,8 +18,8 @@ from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_W
 from sink.lakehouse.engines.delta_rs import append_once
 from sink.ops.report import BatchReport
 from sink.ops.tombstones import latest_per_key
-from sink.outcomes import QUARANTINED
-from sink.prepare import prepare
+from sink.routing import prepare
+from sink.tagging.outcomes import QUARANTINED
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from sink.ops.report import BatchReport
-from sink.task_context import TaskContext
-from sink.writing import Written
+from sink.tagging.task_context import TaskContext
+from sink.tagging.writing import Written
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from sink.config import SinkConfig
 from sink.delta_log.features import append_only
 from sink.lakehouse.engines.engine import DeltaEngine
 from sink.ops.report import BatchReport
-from sink.task_context import TaskContext, task_context
-from sink.task_stats import TaskStats
-from sink.writing import FILE_OP, read_written
+from sink.tagging.task_context import TaskContext, task_context
+from sink.tagging.task_stats import TaskStats
+from sink.tagging.writing import FILE_OP, read_written
 
 log = logging.getLogger(__name__)
 

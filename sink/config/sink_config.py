@@ -113,7 +113,7 @@ class SinkConfig(SinkOptions):
 
     def as_stored(self) -> SinkConfig:
         """The config the sink runs on: `hidden_ordering`'s columns in place of the ordering
-        columns they keep (each batch gets them as copies: sink.prepare.with_hidden_ordering)."""
+        columns they keep (each batch gets them as copies: sink.routing.with_hidden_ordering)."""
         hidden = self.hidden_ordering
         if not hidden:
             return self
@@ -130,7 +130,7 @@ class SinkConfig(SinkOptions):
     @property
     def keeps_stored_values(self) -> bool:
         """Some updates keep stored values: null columns (ignore_null_updates) or those holding
-        unchanged_value (sink.partial)."""
+        unchanged_value (sink.tagging.partial)."""
         return self.ignore_null_updates or self.unchanged_value is not None
 
     @property

@@ -38,7 +38,7 @@ from sink.index.spec import GLOBAL, replica_path, replica_spec
 from sink.keys import describe_key
 from sink.library_errors import first_line
 from sink.ops.tombstones import compact
-from sink.task_context import default_index_root
+from sink.tagging.task_context import default_index_root
 
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 

@@ -8,10 +8,10 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from sink import placement
 from sink.errors import SinkError
 from sink.lakehouse.engines.delta_rs import COMMIT_KINDS
-from sink.task_stats import LOAD_REASONS
+from sink.tagging import placement
+from sink.tagging.task_stats import LOAD_REASONS
 
 _LABEL = ["sink"]
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 from sink.lakehouse.commit.versions import VERSION_CHANGES
 from sink.lakehouse.engines.delta_rs import CommitOutcome
-from sink.outcomes import OUTCOMES, QUARANTINED, UNCHANGED
-from sink.placement import PLACEMENTS, WITHOUT_PARTITION
-from sink.tagging import UPDATE
-from sink.task_stats import LOAD_REASONS, TAG_STEPS, TaskStats
+from sink.tagging.classify import UPDATE
+from sink.tagging.outcomes import OUTCOMES, QUARANTINED, UNCHANGED
+from sink.tagging.placement import PLACEMENTS, WITHOUT_PARTITION
+from sink.tagging.task_stats import LOAD_REASONS, TAG_STEPS, TaskStats
 
 # Where a batch's time goes, in order. checks: schema, contract and replay checks;
 # other_writers: other writers' commits since the last batch recorded (sink.batch.other_writers); prepare:
@@ -81,7 +81,7 @@ class BatchReport:
     retries: int = 0
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark),
-    # and its steps (sink.task_stats.TAG_STEPS).
+    # and its steps (sink.tagging.task_stats.TAG_STEPS).
     shard_seconds: float = 0.0
     jobs_rerun: int = 0  # tagging jobs Spark aborted after losing an executor, run again
     write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)

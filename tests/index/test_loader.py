@@ -42,7 +42,7 @@ def test_a_global_keyspace_comes_in_bounded_ascending_chunks_with_each_keys_newe
 
 
 def test_a_partition_read_for_some_keys_gives_exactly_their_entries_of_the_whole_read(tmp_path):
-    """What a peek reads (sink.executor._peek) is what a load would hold for those keys:
+    """What a peek reads (sink.tagging.executor._peek) is what a load would hold for those keys:
     live rows, rows a newer tombstone deletes, keys with a tombstone only, in either shard."""
     uri, tomb_uri = str(tmp_path / "t"), str(tmp_path / "tomb")
     live = [{"id": f"k{i}", "dt": "2025-01-01", "ts": i} for i in range(40)]

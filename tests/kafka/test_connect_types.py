@@ -23,7 +23,7 @@ from pyspark.sql.types import (
 
 from jobs import connect_types
 from jobs.kafka_source import decoded, message_schemas, message_type, schema_groups
-from sink.prepare import CANNOT_DECODE
+from sink.routing import CANNOT_DECODE
 
 EPOCH = dt.datetime(1970, 1, 1)
 

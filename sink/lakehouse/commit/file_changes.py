@@ -16,6 +16,7 @@ from sink import keys
 from sink.lakehouse.commit.change_data import CHANGE_DELETE, UPDATE_POSTIMAGE, UPDATE_PREIMAGE
 from sink.lakehouse.commit.key_hits import Hits
 from sink.lakehouse.commit.stored_rows import StoredRows
+from sink.lakehouse.commit.unchanged import has_unchanged, keep_unchanged
 from sink.lakehouse.commit.writes import (
     DELETE,
     PARTIAL_COLUMN,
@@ -23,7 +24,6 @@ from sink.lakehouse.commit.writes import (
     Writes,
 )
 from sink.ordering import arrow_greater
-from sink.partial import has_unchanged, keep_unchanged
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from sink.delta_log.column_mapping import ColumnMapping
 from sink.delta_log.file_layout import DEFAULT_LAYOUT, FileLayout
 from sink.delta_log.identity import IdentityValues
 from sink.delta_log.reading import USER_METADATA, commit_record
-from sink.partial import has_unchanged
+from sink.lakehouse.commit.unchanged import has_unchanged
 
 WRITE_COLUMN = "__sink_write"
 # ignore_null_updates: on an update, whether its null columns keep the stored values.

@@ -60,7 +60,7 @@ from sink.lakehouse.engines.merge_clauses import (
     upsert_source,
 )
 from sink.ordering import columns_of
-from sink.prepare import sql_string
+from sink.routing import sql_string
 from sink.session.confs import session_confs
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"

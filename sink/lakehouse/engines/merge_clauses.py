@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 
 from sink.delta_log.predicates import merge_predicate, quote_ident
 from sink.history import START_AT
+from sink.lakehouse.commit.unchanged import UNCHANGED, has_unchanged, is_text
 from sink.lakehouse.commit.versions import ACTION_COLUMN, HistoryMerge
 from sink.lakehouse.commit.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes
 from sink.ordering import newer_sql
-from sink.partial import UNCHANGED, has_unchanged, is_text
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import random
 import pyarrow as pa
 
 from sink import columns as C
-from sink.outcomes import OUTCOMES, keys_in_several_partitions, record_partitions, summary
+from sink.tagging.outcomes import OUTCOMES, keys_in_several_partitions, record_partitions, summary
 
 
 def records(rows):

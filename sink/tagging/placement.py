@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 AMBIGUOUS = "ambiguous"
-# What became of deletes with a null partition column, and (quarantined by sink.prepare: an
+# What became of deletes with a null partition column, and (quarantined by sink.routing: an
 # upsert needs its partition) of upserts with one.
 PLACEMENTS = ("located", "unknown", AMBIGUOUS)
 WITHOUT_PARTITION = (*PLACEMENTS, "upsert")

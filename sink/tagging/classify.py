@@ -94,7 +94,7 @@ def tag(
     `orderings` one int64 array per ordering column, compared in order. Deletes this batch
     applies are stamped `now`; stored deletes older than `expire_before` count as absent
     (`tombstone_ttl_hours`). `shield`: the partition holding deletes that named no partition
-    and found no row (sink.placement), and its lookup; a key its own partition lacks takes
+    and found no row (sink.tagging.placement), and its lookup; a key its own partition lacks takes
     its entry there."""
     columns = _columns(orderings)
     n = len(keys)

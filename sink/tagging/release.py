@@ -19,7 +19,7 @@ from sink.index.registry import close_kept_open
 from sink.index.replica import ShardReplica
 from sink.library_errors import first_line
 from sink.session import SessionKind
-from sink.task_context import TaskContext, index_root
+from sink.tagging.task_context import TaskContext, index_root
 
 log = logging.getLogger(__name__)
 

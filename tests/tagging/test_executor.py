@@ -8,7 +8,7 @@ import pytest
 from deltalake import DeltaTable
 
 import sink.batch.driver_tagger as driver_tagger
-import sink.executor as executor
+import sink.tagging.executor as executor
 from sink import SinkConfig, UpsertSink
 from sink.index.replica import ShardReplica
 from tests.oracle import SCHEMA, expected_rows, random_batches, random_events, verify_replicas

@@ -3,7 +3,7 @@
 import pyarrow as pa
 
 from sink.index.entry import pack_located_many
-from sink.tagging import tag_global
+from sink.tagging.classify import tag_global
 
 
 def run(records, index=None):

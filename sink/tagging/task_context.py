@@ -55,19 +55,19 @@ class TaskContext:
     # The names the log's partition values go by (physical ones under column mapping), for
     # reading other writers' commits; None: the partition columns' own.
     partition_log_keys: tuple[str, ...] | None = None
-    # The table takes inserts only (`delta.appendOnly`): sink.append_only.
+    # The table takes inserts only (`delta.appendOnly`): sink.tagging.append_only.
     append_only: bool = False
 
     @property
     def ignore_null_updates(self) -> bool:
-        """An update's null columns keep the stored value (sink.partial); a history table fills
+        """An update's null columns keep the stored value (sink.tagging.partial); a history table fills
         nulls in sequence order when it rebuilds (sink.history)."""
         return self.stream.ignore_null_updates and not self.history
 
     @property
     def keeps_stored_values(self) -> bool:
         """Some updates keep stored values: null columns (ignore_null_updates) or those holding
-        unchanged_value (sink.partial)."""
+        unchanged_value (sink.tagging.partial)."""
         return (self.stream.ignore_null_updates or self.stream.unchanged_value is not None) and not self.history
 
     @property
@@ -83,7 +83,7 @@ class TaskContext:
     @property
     def shield_pid(self) -> str | None:
         """Partitioned scope with deletes: the partition keeping deletes that named no
-        partition and found no row (sink.placement); every replica holds it."""
+        partition and found no row (sink.tagging.placement); every replica holds it."""
         if self.table.scope == "global" or not self.table.partition_by or not self.deletes:
             return None
         return keys.null_partition_id(self.table.partition_by)

@@ -7,8 +7,8 @@ import pytest
 from deltalake import DeltaTable
 
 from sink import SinkConfig, UpsertSink
-from sink.append_only import stored_row_changes
 from sink.errors import AppendOnlyError, ConfigError, UnsupportedTableError
+from sink.tagging.append_only import stored_row_changes
 from tests.lakehouse.spark_sql_tables import create, log_actions, spark_rows
 from tests.oracle import SCHEMA, Event
 

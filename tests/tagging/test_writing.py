@@ -11,8 +11,8 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from sink import columns as C
 from sink.lakehouse.commit import actions, rewrite
-from sink.prepare import tagged_schema
-from sink.writing import FILE_OP, WriteContext, read_written, write_batches
+from sink.routing import tagged_schema
+from sink.tagging.writing import FILE_OP, WriteContext, read_written, write_batches
 from tests.lakehouse.commit.test_rewrite import DAYS, SCHEMA, commit_rewrite, contents, random_batch, seeded, writes_of
 
 OUTPUT = to_arrow_schema(tagged_schema(from_arrow_schema(SCHEMA), 2), timezone="UTC")

@@ -29,12 +29,12 @@ from sink.delta_log.column_mapping import ColumnMapping
 from sink.delta_log.deletion_vectors import Descriptor
 from sink.delta_log.file_layout import DEFAULT_LAYOUT, FileLayout
 from sink.delta_log.identity import IdentityColumn, IdentityValues
-from sink.history_writes import HistoryBatch, history_writes
 from sink.lakehouse.commit import versions
 from sink.lakehouse.commit.actions import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, summed_changes
 from sink.lakehouse.commit.rewrite import rewrite_files
 from sink.lakehouse.commit.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
-from sink.tagging import TOMBSTONE
+from sink.tagging.classify import TOMBSTONE
+from sink.tagging.history_writes import HistoryBatch, history_writes
 
 FILE_OP = "_file"
 # Tasks a partition's new keys are spread over, each writing them a file: the partition that
@@ -63,7 +63,7 @@ class WriteContext:
     table_version: int = 0  # the version the batch was tagged against
     # A history table's batch (scd_type 2): the writes are its events (HISTORY_EVENT).
     history: HistoryBatch | None = None
-    merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.commit.rewrite)
+    merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.commit.merge_on_read)
     change_data: bool = False  # the table has a change data feed: its files are written too
     column_mapping: ColumnMapping | None = None  # the table's: its files' column names
     # The identity columns whose values new rows get, drawn by each of the `tasks` writing

@@ -1,4 +1,7 @@
-"""Spark side of a batch: schema checks, and the helper columns routing and tagging need."""
+"""The Spark side of a batch, which its checks and prepare phases run (sink/batch/checks.py,
+sink/batch/prepare.py): the stream's schema checked against the config, and the helper
+columns routing and tagging need (shard, key, ordering, write, the quarantine reason of a bad
+record)."""
 
 from __future__ import annotations
 
@@ -158,7 +161,7 @@ def quarantine_reason(cfg: SinkConfig, schema: StructType, constraints: Mapping[
                                 "not parse as its schema type, or a malformed line)"))
     checks += [(f"{col(c)} IS NULL", f"null key column {c}") for c in cfg.key]
     # The index knows where a key lives: a delete needs no partition (global scope: the
-    # keyspace says; partitioned scope: sink.placement looks in every partition). A history
+    # keyspace says; partitioned scope: sink.tagging.placement looks in every partition). A history
     # table in partitioned scope places every event by its own partition.
     located = cfg.scd_type == 1 or cfg.scope == "global"
     upsert = f" AND NOT {_delete_sql(cfg)}" if cfg.delete_when and located else ""

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sink.errors import AppendOnlyError
-from sink.tagging import DELETE, UPDATE
+from sink.tagging.classify import DELETE, UPDATE
 
 _CHANGES = pa.array([UPDATE, DELETE])
 

@@ -5,8 +5,9 @@ import pytest
 
 from sink.errors import UnchangedValueError
 from sink.index.entry import Entry
-from sink.partial import UNCHANGED, fill_from_stored, fold_nulls, keep_unchanged, unsent_records
-from sink.tagging import tag
+from sink.lakehouse.commit.unchanged import UNCHANGED, keep_unchanged
+from sink.tagging.classify import tag
+from sink.tagging.partial import fill_from_stored, fold_nulls, unsent_records
 
 P = "dt=2025-01-01"
 VALUES = ["a", "b"]

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from sink import columns as C
 from sink.index.keyspaces import REPLICA_LOOKUPS
-from sink.placement import PLACEMENTS
+from sink.tagging.placement import PLACEMENTS
 
 # Where a tagging task's time goes, in order: opening the replica, catching it up, loading
 # partitions, placing deletes without a partition, building the inputs, index lookups,
@@ -66,7 +66,7 @@ class TaskStats:
     # freshness_column: per shard tagged, its records with a source time and a sample of those
     # times (sink.freshness.sample).
     source_times: list[tuple[int, list[int]]] = field(default_factory=list)
-    # The records' outcomes (sink.outcomes.summary), once the task tagged any.
+    # The records' outcomes (sink.tagging.outcomes.summary), once the task tagged any.
     ops: dict[str, int] | None = None
     hits: int = 0
     misses: int = 0

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from sink.index.entry import Entry
-from sink.tagging import tag
+from sink.tagging.classify import tag
 
 P = "dt=2025-01-01"
 
@@ -204,7 +204,7 @@ def test_two_ordering_columns_equal_records_applied_one_by_one():
 
 
 def test_a_delete_kept_in_the_shield_makes_older_upserts_of_its_key_stale_in_any_partition():
-    """The shield holds deletes that named no partition and found no row (sink.placement):
+    """The shield holds deletes that named no partition and found no row (sink.tagging.placement):
     a key missing from its own partition, or held there as an older delete, takes it."""
     shield = "dt="
     stored = {(P, "old-tombstone"): Entry(2, True), (shield, "old-tombstone"): Entry(5, True),

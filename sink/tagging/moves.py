@@ -9,8 +9,9 @@ import pyarrow.compute as pc
 
 from sink import columns as C
 from sink import keys
-from sink.partial import fill_from_stored, unchanged_rows
-from sink.tagging import DELETE, INSERT, UPDATE
+from sink.lakehouse.commit.unchanged import unchanged_rows
+from sink.tagging.classify import DELETE, INSERT, UPDATE
+from sink.tagging.partial import fill_from_stored
 
 # (partition ids, columns) -> those columns of the table's rows in those partitions.
 ReadRows = Callable[[Sequence[str], Sequence[str]], pa.Table]

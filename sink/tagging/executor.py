@@ -7,10 +7,10 @@ shard's replica, catches it up to the table version the driver will commit on
 its records need and the replica lacks (all together, concurrently), tags the records,
 stages the changes under the batch id and evicts cold partitions. It writes each shard's
 index changelog entries (when the writer keeps one) and yields the tagged records and one
-stats row, with the task's counts (sink.outcomes).
+stats row, with the task's counts (sink.tagging.outcomes).
 
 When Spark tasks write the batch's files (`write_files`), the task yields only what the writing
-tasks and the driver need: the writes, aimed at the rows they change (sink.moves), the
+tasks and the driver need: the writes, aimed at the rows they change (sink.tagging.moves), the
 quarantined records, and each valid delete record again (DELETE_RECORD_OP) for the driver's
 tombstone table.
 """
@@ -30,7 +30,6 @@ from deltalake import DeltaTable
 
 from sink import columns as C
 from sink import freshness, keys
-from sink.append_only import stored_row_changes
 from sink.arrival import arrival
 from sink.delta_log.reading import read_commit
 from sink.errors import ReplicaLostError
@@ -53,15 +52,16 @@ from sink.index.spec import GLOBAL, replica_path
 from sink.lakehouse.engines import open_tables
 from sink.lakehouse.engines.delta_rs import rows_in
 from sink.library_errors import first_line, is_corruption
-from sink.moves import keep_stored_values, placed
 from sink.ordering import helper_columns
-from sink.outcomes import QUARANTINED, record_partitions, summary
-from sink.partial import fold_nulls, unsent_records
-from sink.placement import AMBIGUOUS, place_deletes, unplaced_deletes
-from sink.tagging import DELETE, INSERT, TOMBSTONE, UPDATE, tag, tag_global
-from sink.task_context import TaskContext
-from sink.task_stats import StepClock, TaskStats, stats_batch
-from sink.writing import HISTORY_EVENT
+from sink.tagging.append_only import stored_row_changes
+from sink.tagging.classify import DELETE, INSERT, TOMBSTONE, UPDATE, tag, tag_global
+from sink.tagging.moves import keep_stored_values, placed
+from sink.tagging.outcomes import QUARANTINED, record_partitions, summary
+from sink.tagging.partial import fold_nulls, unsent_records
+from sink.tagging.placement import AMBIGUOUS, place_deletes, unplaced_deletes
+from sink.tagging.task_context import TaskContext
+from sink.tagging.task_stats import StepClock, TaskStats, stats_batch
+from sink.tagging.writing import HISTORY_EVENT
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ def _classify(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.
 
 def _set_aside(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, located: bool, result):
     """The records to set aside (a mask) and why, or None: changes to an append-only table's rows
-    (sink.append_only), or unsent values with no stored row (unsent_values = "quarantine")."""
+    (sink.tagging.append_only), or unsent values with no stored row (unsent_values = "quarantine")."""
     unsent = ctx.stream.unchanged_value is not None and ctx.stream.unsent_values == "quarantine" and \
         ctx.keeps_stored_values
     if not (ctx.append_only or unsent):  # most tables: nothing to fold keys for
@@ -346,7 +346,7 @@ def _set_aside(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, 
 
 
 def _fold_inputs(ctx: TaskContext, rows: pa.Table, inputs: tuple, pids: pa.Array, located: bool):
-    """What sink.partial folds: the value columns, and each record's key (with its partition
+    """What sink.tagging.partial folds: the value columns, and each record's key (with its partition
     where keys are unique per partition)."""
     keys_only = (*ctx.table.key, *ctx.table.partition_by, *ctx.table.ordering)
     values = [n for n in C.stream_columns(rows.column_names) if n not in keys_only]
@@ -488,7 +488,7 @@ def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, p
 
 def _place(ctx: TaskContext, replica: ShardReplica, rows: pa.Table, pids: pa.Array, unplaced: np.ndarray,
            stats: TaskStats) -> tuple[pa.Table, pa.Array, pa.Table]:
-    """Place the deletes that name no partition (sink.placement; the replica holds every
+    """Place the deletes that name no partition (sink.tagging.placement; the replica holds every
     partition of the table): the records left to tag with their partition columns set, their
     partition ids, and the ambiguous ones as quarantined output."""
     encoded = rows.column(C.KEY).combine_chunks().cast(pa.binary())

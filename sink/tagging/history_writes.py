@@ -17,7 +17,7 @@ from sink.history import HistoryColumns, events_schema
 from sink.index import history_locations
 from sink.lakehouse.commit.versions import PID_COLUMN, HistoryWrites, count_true, free_deletes
 from sink.lakehouse.commit.writes import conform
-from sink.tagging import DELETE, INSERT, UPDATE
+from sink.tagging.classify import DELETE, INSERT, UPDATE
 
 
 @dataclass(frozen=True)

@@ -20,28 +20,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sink.errors import UnchangedValueError
-from sink.tagging import DELETE, INSERT, UPDATE
+from sink.lakehouse.commit.unchanged import UNCHANGED, has_unchanged, is_text, text_type, unchanged_rows
+from sink.tagging.classify import DELETE, INSERT, UPDATE
 
 _APPLIED = pa.array([INSERT, UPDATE, DELETE])
 _UPSERTS = pa.array([INSERT, UPDATE])
-# What a write carries where the stored value stays: one value whatever `unchanged_value` is,
-# so the commit paths need not know the setting.
-UNCHANGED = "__upsert_sink_unchanged__"
-
-
-def is_text(field: pa.Field) -> bool:
-    return _text(field.type)
-
-
-def _text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
 def given(values: pa.Array, nulls_kept: bool, unchanged: str | None) -> np.ndarray:
     """Per value: whether it replaces the stored one (not null under `nulls_kept`, not
     `unchanged` in a string column)."""
     out = pc.is_valid(values).to_numpy(zero_copy_only=False) if nulls_kept else np.ones(len(values), bool)
-    if unchanged is not None and _text(values.type):
+    if unchanged is not None and text_type(values.type):
         out &= pc.fill_null(pc.not_equal(values, unchanged), True).to_numpy(zero_copy_only=False)
     return out
 
@@ -195,30 +183,6 @@ def unsent_records(rows: pa.Table, value_cols: Sequence[str], groups: pa.Array, 
                f"it), and no stored row of key {k!r} is there to keep it from (the key is new to the table, or "
                f"deleted earlier in the batch)" for g, k in zip(named, keys_)]
     return aside, reasons
-
-
-def keep_unchanged(columns: Sequence[pa.Array], old: pa.Table, schema: pa.Schema) -> list[pa.Array]:
-    """`columns` (new rows in `schema`) with UNCHANGED taken from `old`, the stored rows they replace."""
-    out = []
-    for c, f in zip(columns, schema):
-        if is_text(f):
-            c = pc.if_else(pc.fill_null(pc.equal(c, UNCHANGED), False), old.column(f.name).cast(f.type), c)
-        out.append(c)
-    return out
-
-
-def unchanged_rows(rows: pa.Table, value: str = UNCHANGED) -> pa.Array:
-    """Per row of `rows`: some string column holds `value`."""
-    out = pa.array(np.zeros(rows.num_rows, bool))
-    for f in rows.schema:
-        if is_text(f):
-            out = pc.or_(out, pc.fill_null(pc.equal(rows.column(f.name), value), False))
-    return out
-
-
-def has_unchanged(rows: pa.Table, value: str = UNCHANGED) -> bool:
-    """Some string column of `rows` holds `value` (most batches: none)."""
-    return pc.any(unchanged_rows(rows, value)).as_py()
 
 
 def fill_from_stored(rows: pa.Table, row_pids: pa.Array, stored: pa.Table, stored_pids: pa.Array,

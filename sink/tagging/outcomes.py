@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 
 from sink import columns as C
 from sink import keys
-from sink.prepare import NULL_PARTITION
-from sink.tagging import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
+from sink.routing import NULL_PARTITION
+from sink.tagging.classify import DELETE, INSERT, STALE, TOMBSTONE, UPDATE
 
 QUARANTINED = "quarantined"
 
@@ -79,7 +79,7 @@ def keys_in_several_partitions(records: pa.Table, pids: pa.Array) -> tuple[int, 
 
 def record_partitions(records: pa.Table, partition_cols: list[str], scope: str) -> pa.Array:
     """Each record's partition id; in partitioned scope a delete of a key no partition holds
-    is kept under the null partition (sink.placement)."""
+    is kept under the null partition (sink.tagging.placement)."""
     pids = keys.partition_ids(records, partition_cols)
     if scope == "partitioned" and partition_cols:
         pids = pc.fill_null(pids, keys.null_partition_id(partition_cols))

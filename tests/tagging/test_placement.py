@@ -1,7 +1,7 @@
 import numpy as np
 import pyarrow as pa
 
-from sink.placement import place_deletes, unplaced_deletes
+from sink.tagging.placement import place_deletes, unplaced_deletes
 
 NULL = "m="
 

@@ -2,7 +2,7 @@ import pytest
 
 from sink import columns as C
 from sink.config import SinkConfig
-from sink.prepare import prepare, sql_string
+from sink.routing import prepare, sql_string
 
 pytestmark = pytest.mark.spark
 
@@ -21,6 +21,6 @@ def test_reasons_name_columns_whose_names_need_quoting(spark):
         ("null key column user's id", False), ("null partition column d`t", False),
         (None, True),  # global scope: a delete needs no partition
         ("empty partition value d`t (Delta stores it as NULL)", False), ("null ordering column ts", False)]
-    # Partitioned scope: the index places the delete too (sink.placement).
+    # Partitioned scope: the index places the delete too (sink.tagging.placement).
     partitioned = SinkConfig(**{**cfg.__dict__, "scope": "partitioned"})
     assert [tuple(r) for r in prepare(df, partitioned, 4).select(C.REASON, C.DELETE).collect()][2] == (None, True)
