@@ -14,7 +14,13 @@ inserted, deletes of them dropped.
 A commit checks almost nothing (docs: "The copy-on-write commit and delta-rs"), so
 `check_actions` does before the sink's log commit; tables with features a hand-written file
 would break stay on MERGE (`features.merge_only_reason`), but for the row checks the batch
-made itself (`features.row_checks`)."""
+made itself (`features.row_checks`).
+
+Its steps are the modules beside it in sink.lakehouse.commit: a stored file's rows
+(`stored_rows`), which files hold the batch's keys (`key_hits`), what the batch changes in
+them (`file_changes`), one partition's writes (`partition_writes`), the files written
+(`data_files`, `change_data`), merge-on-read's marks (`merge_on_read`), and what the commit
+records and checks (`actions`)."""
 
 from __future__ import annotations
 
