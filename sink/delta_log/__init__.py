@@ -1,5 +1,6 @@
 """The Delta log: reading a table's commits (`reading`) and the sink's own log writer (its
-actions `log_commit`, deletion vectors, live vectors, metadata commits, checkpoints), what the
+actions `log_commit`, the version's claim `log_store`, deletion vectors, live vectors, metadata
+commits, checkpoints), what the
 protocol asks of a table's files (features, column mapping, identity columns, statistics,
 file layout, paths), the schema a stream may bring, the sink's contract with its table and
 the partition predicates.

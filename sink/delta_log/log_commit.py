@@ -2,8 +2,8 @@
 `add` or `remove` carrying a deletion vector: delta-rs issues #4512, #1094).
 
 Exactly what the protocol asks of a writer, nothing beyond it: the log entry for the version
-after the one the batch read, created atomically and never overwritten (an object store's
-conditional put: `obstore`'s `mode="create"`, on local files, S3, GCS and Azure). When another
+after the one the batch read, created atomically and never overwritten (claimed as the table's
+other writers claim versions: sink.delta_log.log_store). When another
 writer committed first, that entry exists and the commit fails (CommitFailedError), as the
 sink's other commits do with no retries: the batch is tagged again against the new version,
 so every conflict check is the strictest one. A table with a reader or writer feature this
@@ -14,19 +14,15 @@ writer does not implement never gets here (`unsupported_feature`). Checkpoints s
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import obstore
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
-from obstore.exceptions import AlreadyExistsError
-from obstore.store import LocalStore, from_url
 
-from sink.delta_log import checkpoints
+from sink.delta_log import checkpoints, log_store
 
 ENGINE_INFO = "delta-upsert-sink"
 # Features whose writer requirements the commit meets: the deletion vectors and identity
@@ -66,21 +62,10 @@ def commit(table: DeltaTable, uri: str, actions: Sequence[Mapping[str, Any]], pr
             for t in props.app_transactions or ()]
     lines = [{"commitInfo": info}, *txns, *actions]
     data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
-    try:
-        obstore.put(store(uri), f"_delta_log/{version:020d}.json", data, mode="create")
-    except AlreadyExistsError as e:
-        raise CommitFailedError(f"{uri}: version {version} was committed by another writer first") from e
+    if not log_store.claim(uri, version, data):
+        raise CommitFailedError(f"{uri}: version {version} was committed by another writer first")
     table.update_incremental()
     if table.version() == version:
         checkpoints.checkpoint_if_due(table, uri, version)
     return version
 
-
-def store(uri: str, *, new: bool = False):
-    """The object store holding the table at `uri`; `new`: a table not created yet (a local
-    directory is made)."""
-    if "://" not in uri:
-        return LocalStore(os.path.abspath(uri), mkdir=new)
-    if uri.startswith("file://"):
-        return LocalStore(uri.removeprefix("file://"), mkdir=new)
-    return from_url(uri)

@@ -20,13 +20,11 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import obstore
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError
-from obstore.exceptions import AlreadyExistsError
 
-from sink.delta_log import log_commit
+from sink.delta_log import log_commit, log_store
 from sink.delta_log.features import COLUMN_MAPPING, ENABLE_DELETION_VECTORS
 from sink.errors import ConfigError
 
@@ -59,10 +57,7 @@ def create(uri: str, schema: pa.Schema, partition_by: Sequence[str], configurati
         "partitionBy": json.dumps(list(partition_by)), "properties": json.dumps(dict(configuration))},
         "isBlindAppend": True, "engineInfo": log_commit.ENGINE_INFO}
     lines = [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}]
-    try:
-        obstore.put(log_commit.store(uri, new=True), f"_delta_log/{0:020d}.json", _ndjson(lines), mode="create")
-    except AlreadyExistsError:
-        pass
+    log_store.claim(uri, 0, _ndjson(lines), new=True)  # not claimed: another writer created the table first
 
 
 def set_properties(table: DeltaTable, uri: str, properties: Mapping[str, str]) -> None:

@@ -211,11 +211,13 @@ class DeltaTarget(UpdateModes):
         Raises CommitFailedError when another writer won the race.
         """
         before = self.version()
-        added_columns, schema = self._schema_adding(added_columns)
-        self._add_columns(added_columns, before)  # first: the files written below are mapped by the new schema
         rows = rows.filter(pc.not_equal(rows.column(WRITE_COLUMN), "tombstone"))
         updating = changing(rows)
         mode = self.update_mode() if pc.any(updating).as_py() else "append"
+        if mode == "merge":
+            self._check_claimable_by_delta_rs("its updates through delta-rs' MERGE")
+        added_columns, schema = self._schema_adding(added_columns)
+        self._add_columns(added_columns, before)  # first: the files written below are mapped by the new schema
         props = commit_properties(app_id, batch_id, custom_metadata, mode)
         identity = self.written_identity()
         writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
@@ -223,8 +225,9 @@ class DeltaTarget(UpdateModes):
                         column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None,
                         layout=self.file_layout())
         # delta-rs writes an append's files under their partition's folder: a table asking
-        # for random prefixes gets the sink's own writer, where its updates would.
-        own_files = writes.layout.random_prefix_length and self.update_mode() != "merge"
+        # for random prefixes gets the sink's own writer, where its updates would; so does a
+        # table whose versions are claimed through DynamoDB, which delta-rs' commits skip.
+        own_files = (writes.layout.random_prefix_length and self.update_mode() != "merge") or self._external_log
         if mode == "append" and not identity and not own_files:
             append.commit(self.table, writes)
             self.refresh()
@@ -246,6 +249,7 @@ class DeltaTarget(UpdateModes):
         WRITE_COLUMN and, when `partial`, PARTIAL_COLUMN), appended or MERGEd (pruned to
         `partitions`, those holding updated or deleted keys) by delta-rs in one Spark task:
         no row of it comes to this process."""
+        self._check_claimable_by_delta_rs("its writes through delta-rs from one Spark task")
         before = self.version()
         added_columns, schema = self._schema_adding(added_columns)
         self._add_columns(added_columns, before)
@@ -293,6 +297,7 @@ class DeltaTarget(UpdateModes):
         before = self.version()
         snapshot = self.stored_files()
         if self.history_update_mode() == "merge":
+            self._check_claimable_by_delta_rs("its rebuilt histories through delta-rs' MERGE")
             merged = versions.merge_rows(self.uri, snapshot, writes)
             props = commit_properties(app_id, batch_id, custom_metadata, "merge")
             self._add_columns(added_columns, before)
@@ -335,7 +340,7 @@ class DeltaTarget(UpdateModes):
         self.refresh()
         recorded = self.transaction_version(app_id)
         if recorded is None or recorded < batch_id:
-            if self.written_identity():  # a table delta-rs does not write
+            if self.written_identity() or self._external_log:  # a table delta-rs does not write
                 log_commit.commit(self.table, self.uri, [], props, operation="WRITE", parameters={"mode": "Append"},
                                   metrics={})
             else:

@@ -2,14 +2,15 @@
 mixed into sink.lakehouse.engines.delta_rs.DeltaTarget, whose table it reads): the
 copy-on-write rewrite, merge-on-read on a table writing deletion vectors, or MERGE where the
 config asks for it or the table has a feature neither honours; and the features that decide
-it (change data feed, column mapping, file layout, identity columns)."""
+it (change data feed, column mapping, file layout, identity columns); and where delta-rs may
+not commit at all (a table whose versions are claimed through DynamoDB)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection
 
-from sink.delta_log import log_commit
+from sink.delta_log import log_commit, log_store
 from sink.delta_log.column_mapping import ColumnMapping, log_keys, writable
 from sink.delta_log.features import (
     COLUMN_MAPPING,
@@ -45,6 +46,24 @@ class UpdateModes:
         if unreadable is not None:
             raise UnsupportedTableError(f"{self.uri} uses {unreadable}: a history table (scd_type = 2) reads the "
                                         "versions it rebuilds from the table's files; nothing was written")
+
+    @property
+    def _external_log(self) -> bool:
+        return log_store.external_log(self.uri) is not None
+
+    def _check_claimable_by_delta_rs(self, what: str) -> None:
+        """UnsupportedTableError, before anything is written, for a commit by delta-rs on a table
+        whose versions are claimed through DynamoDB: delta-rs 1.x claims them with conditional
+        puts alone, which a Spark job's S3DynamoDBLogStore copy would overwrite."""
+        if self._external_log:
+            why = f" (the table uses {self._merge_reason})" if self._merge_reason else ""
+            raise UnsupportedTableError(
+                f"{self.uri}: its versions are claimed through DynamoDB ({log_store.LOCKING_PROVIDER} = dynamodb) "
+                f"and this batch would commit {what}{why}, which claims versions with a conditional put alone "
+                "(delta-rs 1.x dropped its DynamoDB log store): the sink commits such a table's updates only by "
+                "rewriting files or writing deletion vectors through its own log commit; set commit_mode = 'auto', "
+                "or use engine = 'delta-spark' in a session whose Delta log store is S3DynamoDBLogStore; "
+                "nothing was written")
 
     def update_mode(self) -> str:
         """How this batch's updates commit: "rewrite"; "merge-on-read" on a table writing
