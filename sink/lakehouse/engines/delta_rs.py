@@ -224,11 +224,7 @@ class DeltaTarget(UpdateModes):
                         props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed(),
                         column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None,
                         layout=self.file_layout())
-        # delta-rs writes an append's files under their partition's folder: a table asking
-        # for random prefixes gets the sink's own writer, where its updates would; so does a
-        # table whose versions are claimed through DynamoDB, which delta-rs' commits skip.
-        own_files = (writes.layout.random_prefix_length and self.update_mode() != "merge") or self._external_log
-        if mode == "append" and not identity and not own_files:
+        if mode == "append" and not identity and self.appends_through_delta_rs(writes.layout):
             append.commit(self.table, writes)
             self.refresh()
             return CommitOutcome("append", self._after_commit(app_id, batch_id, before), 0)

@@ -65,6 +65,13 @@ class UpdateModes:
                 "or use engine = 'delta-spark' in a session whose Delta log store is S3DynamoDBLogStore; "
                 "nothing was written")
 
+    def appends_through_delta_rs(self, layout: FileLayout) -> bool:
+        """Whether delta-rs writes and commits a batch of new rows. Not on a table asking for
+        random prefixes (delta-rs writes an append's files under their partition's folder)
+        whose updates the sink's own writer takes, nor on a table whose versions are claimed
+        through DynamoDB, which delta-rs' commits skip."""
+        return not ((layout.random_prefix_length and self.update_mode() != "merge") or self._external_log)
+
     def update_mode(self) -> str:
         """How this batch's updates commit: "rewrite"; "merge-on-read" on a table writing
         deletion vectors; or "merge" when configured or when the table has a feature neither
