@@ -1,5 +1,5 @@
 import sys
 
-from sink.ops.cli import main
+from sink.cli import main
 
 sys.exit(main())

@@ -10,9 +10,9 @@ from typing import NamedTuple
 from deltalake import DeltaTable
 
 from sink.batch.driver_tagger import wait_caught_up
+from sink.cli import Context, verify
 from sink.index.registry import kept_open
 from sink.index.replica import ShardReplica
-from sink.ops.cli import Context, verify
 
 
 class Event(NamedTuple):

@@ -4,10 +4,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from sink import SchemaError, SinkConfig, UpsertSink
+from sink import SchemaError, SinkConfig, UpsertSink, cli
 from sink.config.options import HIDDEN_ORDERING_PREFIX
 from sink.errors import ConfigError, ContractMismatchError
-from sink.ops import cli
 from tests.engines import ENGINE_OPTIONS, UPDATES_COMMIT
 from tests.examples import USER_CHANGES
 from tests.oracle import verify_replicas

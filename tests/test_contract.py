@@ -6,8 +6,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sink import ContractMismatchError, SchemaError, SinkConfig, UpsertSink
+from sink.cli import main
 from sink.delta_log.contract import Contract
-from sink.ops.cli import main
 
 pytestmark = pytest.mark.spark
 

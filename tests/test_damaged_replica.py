@@ -7,8 +7,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from sink import SinkConfig, UpsertSink
+from sink.cli import main
 from sink.index.lifecycle import ShardSource
-from sink.ops.cli import main
 from tests import damage
 from tests.oracle import SCHEMA, expected_rows, random_batches, taken_back
 from tests.test_foreach_batch import table_rows

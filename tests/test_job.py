@@ -87,7 +87,7 @@ TWO_TABLES = (_sink_table("current") + _sink_table("history", "scd_type = 2\n") 
 def test_one_job_feeds_several_tables_from_one_source_each_with_its_own_checkpoint(spark, tmp_path, capsys):
     """A current-state table and its SCD type 2 history from one feed: one Spark start-up, a
     query per table, each continuing from its own checkpoint after a restart."""
-    from sink.ops.cli import main as cli
+    from sink.cli import main as cli
 
     conf = tmp_path / "sink.toml"
     conf.write_text(TWO_TABLES)

@@ -13,12 +13,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from prometheus_client import REGISTRY
 
-from sink import SinkConfig, UnsupportedTableError, UpsertSink
+from sink import SinkConfig, UnsupportedTableError, UpsertSink, cli
 from sink.errors import ConfigError, ContractMismatchError, SchemaError
 from sink.history import END_AT, RUN_EVENTS, START_AT
 from sink.lakehouse.commit import versions
 from sink.lakehouse.commit.key_hits import matching_files
-from sink.ops import cli
 from tests import history_crash
 from tests.engines import ENGINE_OPTIONS, UPDATES_COMMIT
 from tests.examples import USER_CHANGES, USER_VERSIONS, USER_VERSIONS_EXCEPT_CITY, VERSIONED_EVENTS, VERSIONED_HISTORY

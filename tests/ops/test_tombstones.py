@@ -7,10 +7,10 @@ from deltalake import DeltaTable, write_deltalake
 from sink import SinkConfig, UpsertSink
 from sink import columns as C
 from sink.batch.driver_tagger import deletes_before_tagging
+from sink.cli import main
 from sink.errors import ConfigError
 from sink.index.loader import TOMBSTONE_BATCH, TOMBSTONE_DELETED_AT, TOMBSTONE_WRITER
 from sink.ops import tombstones
-from sink.ops.cli import main
 from sink.ops.tombstones import compact, latest_per_key
 
 SCHEMA = "id INT, v STRING, seq INT, op STRING"

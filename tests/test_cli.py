@@ -9,13 +9,13 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from sink import keys
+from sink.cli import main
 from sink.delta_log.reading import NUM_SHARDS_PROPERTY, SHARDS_PROPERTY
 from sink.index import holder
 from sink.index.entry import Entry
 from sink.index.registry import close_kept_open
 from sink.index.replica import ShardReplica
 from sink.index.spec import replica_spec
-from sink.ops.cli import main
 
 TODAY = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
