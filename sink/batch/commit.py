@@ -89,6 +89,8 @@ class WrittenCommit:
             report.table_version = self._target.version()
             return
         report.write_seconds = written.seconds
+        report.write_tasks = len(written.task_seconds)
+        report.write_busiest_share = max(written.task_seconds) / written.seconds if written.seconds else 0.0
         report.record(self._target.commit_written(written.rewrite, self._writer_id, state.batch_id,
                                                   commit_metadata(state), state.added, written.partitions_changed))
 

@@ -85,6 +85,8 @@ class BatchReport:
     shard_seconds: float = 0.0
     jobs_rerun: int = 0  # tagging jobs Spark aborted after losing an executor, run again
     write_seconds: float = 0.0  # summed over the Spark tasks that wrote the batch's files (0: none did)
+    write_tasks: int = 0  # those of them that had writes
+    write_busiest_share: float = 0.0  # the busiest one's share of write_seconds (1.0: one task wrote it all)
     tag_steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TAG_STEPS, 0.0))
     # scd_type = 2: rows of the batch's keys' rebuilt histories, the stored rows they replaced,
     # and versions opened, closed and split (sink.lakehouse.commit.versions.HistoryRewrite).
@@ -172,7 +174,9 @@ class BatchReport:
             + (f"verify_mismatches={self.verify_mismatches} " if self.verify_mismatches else "")
             + f"mode={self.mode} "
             f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
-            f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} total_s={self.total_seconds:.2f} "
+            f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} "
+            + (f"write_tasks={self.write_tasks} busiest={self.write_busiest_share:.2f} " if self.write_tasks else "")
+            + f"total_s={self.total_seconds:.2f} "
             f"phases_s={','.join(f'{p}:{s:.3f}' for p, s in self.phases.items() if s)} "
             f"tag_steps_s={','.join(f'{p}:{s:.3f}' for p, s in self.tag_steps.items() if s >= 0.0005)}"
             + (f" freshness_s=p50:{self.freshness['0.5']},p99:{self.freshness['0.99']},max:{self.freshness['1']}"

@@ -128,6 +128,8 @@ class Written:
     rows: int  # writes, tombstones aside
     partitions_changed: int
     seconds: float  # summed over the tasks
+    # Each task's seconds, of the tasks that had writes: how evenly the write was spread.
+    task_seconds: tuple[float, ...] = ()
     # A history batch's counts, summed: "ops" (insert, update, delete), "versions_written",
     # "versions_replaced", "changes" (sink.lakehouse.commit.versions.HistoryRewrite).
     history: dict | None = None
@@ -136,6 +138,7 @@ class Written:
 def read_written(texts: list[str]) -> Written:
     """The FILE_OP rows' JSON, gathered."""
     adds, removes, marked, changes, rows, changed, unchanged, seconds, history = [], [], [], [], 0, 0, 0, 0.0, None
+    task_seconds: list[float] = []
     identity_highs: list[dict[str, int]] = []
     row_changes: list[dict[str, int]] = []
     for action in map(json.loads, texts):
@@ -158,12 +161,14 @@ def read_written(texts: list[str]) -> Written:
             changed += task["partitions_changed"]
             unchanged += task["unchanged"]
             seconds += task["seconds"]
+            if task["rows"]:
+                task_seconds.append(task["seconds"])
             identity_highs += task.get("identity", [])
             row_changes.append(task.get("row_changes", {}))
             if "history" in task:
                 history = _summed(history or {}, task["history"])
     return Written(Rewrite(adds, removes, unchanged, marked, changes, identity_highs, summed_changes(row_changes)),
-                   rows, changed, seconds, history)
+                   rows, changed, seconds, tuple(task_seconds), history)
 
 
 def _summed(total: dict, more: dict) -> dict:

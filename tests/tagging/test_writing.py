@@ -63,6 +63,8 @@ def test_files_written_by_tasks_give_the_table_the_drivers_rewrite_gives(tmp_pat
         assert written.rows == len(records)
         assert written.partitions_changed == len({r["day"] for r in records if r["w"] in ("update", "delete")})
         assert written.seconds > 0
+        assert len(written.task_seconds) == sum(1 for t in tasks if t)  # each task that had writes, once
+        assert sum(written.task_seconds) == pytest.approx(written.seconds)
         assert written.rewrite.unchanged == done.unchanged  # no-op updates, counted where they are found
         assert contents(by_tasks) == contents(by_driver), f"after batch {batch}"
 
