@@ -6,4 +6,5 @@
   interface (`engines.engine`), their MERGE and append; over `commit/`.
 
 Both write through the sink's Delta log (`sink.delta_log`), which sits below the index: the
-index reads the log, and the commit paths read the index's tombstones."""
+index reads the log, and the commit paths read the index's tombstones. Nothing here imports
+the tagging task, the batch's phases or the ops."""

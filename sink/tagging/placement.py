@@ -7,7 +7,7 @@ among the batch's own upserts of its key:
 - one partition holds the key: the delete applies there;
 - several: the record goes to quarantine as ambiguous;
 - none: a delete of an unknown key, kept under the null partition (`keys.null_partition_id`),
-  where it makes older upserts of its key stale in any partition (`tagging.tag`'s shield).
+  where it makes older upserts of its key stale in any partition (`classify.tag`'s shield).
 """
 
 from __future__ import annotations

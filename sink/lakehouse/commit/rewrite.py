@@ -6,7 +6,7 @@ partition (the index put them there), each touched partition's files are probed 
 columns alone for the updated and deleted keys (the index found no row of an insert's key),
 and only files with a row that changes are read whole and rewritten. Files this process wrote
 lately are read from memory instead (`file_cache`). A stored
-row changes exactly when the MERGE's clauses would change it (`merge.py`): the incoming row is
+row changes exactly when the MERGE's clauses would change it (sink.lakehouse.engines.merge_clauses): the incoming row is
 newer by ordering (or equal, when incoming wins ties); a delete removes it, an update replaces
 it (partial updates keep stored values where theirs are null). Rows of keys no file holds are
 inserted, deletes of them dropped.

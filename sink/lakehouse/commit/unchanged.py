@@ -1,5 +1,5 @@
 """What a write carries where the stored value stays (`UNCHANGED`, in a partial update's
-column the source did not send: sink.partial), and how the commit paths keep the stored value
+column the source did not send: sink.tagging.partial), and how the commit paths keep the stored value
 there."""
 
 from __future__ import annotations

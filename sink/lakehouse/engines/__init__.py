@@ -3,5 +3,6 @@
 kept open `open_tables`) and Delta's Spark engine (`delta_spark`, its Spark confs
 `spark_delta`); the MERGE's clauses both run (`merge_clauses`).
 
-It may import the commit paths (`sink.lakehouse.commit`), the Delta log (`sink.delta_log`),
-the config and the session; nothing of the batch, the tagging task or the ops."""
+It may import the commit paths (`sink.lakehouse.commit`), the Delta log (`sink.delta_log`), the
+config, the session and the stream's routing columns (`sink.routing`); nothing of the batch,
+the tagging task or the ops."""
