@@ -8,6 +8,9 @@
                                        # only its deletion-vector, table-feature and commit cases
     python -m bench.run --kafka --keys 1000000
                                        # Debezium messages from a Kafka broker (bench/kafka_bench.py)
+    python -m bench.run --mirror --sizes 1000000 10000000 --batches 4
+                                       # only a database table's mirror: unpartitioned, updates
+                                       # anywhere (bench/mirror_bench.py)
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import commit_bench, e2e, global_bench, history_bench, tagging_bench
+from bench import commit_bench, e2e, global_bench, history_bench, mirror_bench, tagging_bench
 from bench.baseline import SparkMerge
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -40,7 +43,7 @@ FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000],
         "batches": 6, "tiny_batches": 12, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,
         "index_keys_per_partition": 1_000_000, "commit_sizes": [1_000_000, 5_000_000, 10_000_000],
         "commit_repeats": 2, "global_sizes": [1_000_000, 10_000_000], "memory_sizes": [100_000, 1_000_000],
-        "history_sizes": [1_000_000, 10_000_000]}
+        "history_sizes": [1_000_000, 10_000_000], "mirror_sizes": [1_000_000, 10_000_000, 50_000_000]}
 
 
 TINY_BATCH_ROWS = [1, 100, 1000]
@@ -240,6 +243,9 @@ def main() -> None:
                         help="only Debezium-shaped messages from a Kafka broker: the sink against a plain append "
                              "query, and its freshness at half its rate (make cdc-stack installs the broker)")
     parser.add_argument("--keys", type=int, default=1_000_000, help="with --kafka: keys (and as many updates)")
+    parser.add_argument("--mirror", action="store_true",
+                        help="only the mirror of a database table (unpartitioned, updates anywhere) against "
+                             "delta-spark's MERGE, plain and with deletion vectors (default sizes: 1M, 10M, 50M)")
     parser.add_argument("--verification", action="store_true",
                         help="only the sampled verification's cost (events, the run's first size)")
     args = parser.parse_args()
@@ -248,6 +254,22 @@ def main() -> None:
     started = time.perf_counter()
     if args.kafka:
         kafka(args.keys, started)
+        return
+    if args.mirror:
+        params = {"sizes": args.sizes or FULL["mirror_sizes"], "batches": args.batches or 4,
+                  "batch_rows": FULL["batch_rows"]}
+        result = {"name": "mirror", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                  "machine": machine(), "parameters": params}
+        spark = e2e_session()
+        work = Path(tempfile.mkdtemp(prefix="sink-mirror-"))
+        try:
+            result["mirror"] = []
+            for size in params["sizes"]:  # saved size by size: a 50M case takes hours
+                result["mirror"] += mirror_bench.run(spark, work, [size], params["batches"], params["batch_rows"])
+                write(result, started, plotted=False)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            spark.stop()
         return
     if args.verification or args.deletion_vectors:
         params = {**params, "sizes": args.sizes or params["sizes"], "batches": args.batches or params["batches"]}
@@ -312,6 +334,10 @@ def main() -> None:
         result["e2e_tiny"] = e2e.run_tiny(spark, work, params["sizes"][0], TINY_BATCH_ROWS, params["tiny_batches"])
         print("== global scope (365 partitions, against a MERGE on the key alone)", flush=True)
         result["global"] = global_bench.run(spark, work, params["global_sizes"], params["batches"],
+                                            params["batch_rows"])
+        print("== a database table's mirror (unpartitioned, updates anywhere), plain and deletion vectors",
+              flush=True)
+        result["mirror"] = mirror_bench.run(spark, work, params["mirror_sizes"], params["batches"],
                                             params["batch_rows"])
         print("== SCD type 2 against type 1 (events)", flush=True)
         result["history"] = history_bench.run(spark, work, params["history_sizes"], params["batches"],
