@@ -37,7 +37,7 @@ QUICK = {"sizes": [1_000_000], "workloads": ["events", "insert-only"], "batches"
          "batch_rows": 100_000,
          "tag_index_keys": 200_000, "index_partitions": 2, "index_keys_per_partition": 200_000,
          "commit_sizes": [1_000_000], "commit_repeats": 1, "global_sizes": [200_000],
-         "memory_sizes": [100_000, 1_000_000], "history_sizes": [1_000_000]}
+         "memory_sizes": [100_000, 1_000_000], "history_sizes": [1_000_000], "mirror_sizes": [200_000]}
 FULL = {"sizes": [1_000_000, 5_000_000, 10_000_000],
         "workloads": ["events", "insert-only", "update-heavy", "recent-updates"],
         "batches": 6, "tiny_batches": 12, "batch_rows": 100_000, "tag_index_keys": 1_000_000, "index_partitions": 7,

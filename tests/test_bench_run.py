@@ -17,3 +17,7 @@ def test_a_second_run_of_the_day_writes_a_file_of_its_own_and_each_run_keeps_its
     run.write(first, time.perf_counter(), plotted=False)
     assert json.loads((tmp_path / f"dv-{today}.json").read_text())["n"] == 3
     assert json.loads((tmp_path / f"dv-{today}-2.json").read_text())["n"] == 2
+
+
+def test_the_quick_run_sets_every_size_the_full_run_sets():
+    assert run.QUICK.keys() == run.FULL.keys()
