@@ -6,7 +6,7 @@ against the careful delta-spark MERGE on the key, on the plain table and with de
 every table ends equal to an independent oracle (pyarrow, not Spark).
 
 Per contender and size: seconds per batch (median after the first: the slope over sizes is the
-point), the commit phase, the bytes and files the batch's commits added and removed, and, for
+point), the commit phase, the bytes and files the batch's commits wrote, removed and marked, and, for
 executor tagging, how many writing tasks wrote and the busiest one's share.
 
     python -m bench.run --mirror --sizes 1000000 10000000 50000000 --batches 4
@@ -114,15 +114,19 @@ def _sorted(table: pa.Table) -> pa.Table:
 
 
 def commit_sizes(uri: str, after: int) -> list[dict]:
-    """Per version after `after`: bytes and files added, files removed (data files only)."""
+    """Per version after `after`: bytes and files written, files removed, and files marked (a
+    file added again with a deletion vector: its `add` names a file already there, nothing is
+    written but the vector)."""
     out = []
     for path in sorted((Path(uri) / "_delta_log").glob("*.json")):
         if int(path.stem) <= after:
             continue
         actions = [json.loads(line) for line in path.read_text().splitlines() if line]
-        adds = [a["add"] for a in actions if "add" in a]
-        out.append({"bytes_added": sum(a["size"] for a in adds), "files_added": len(adds),
-                    "files_removed": sum(1 for a in actions if "remove" in a)})
+        removed = {a["remove"]["path"] for a in actions if "remove" in a}
+        written = [a["add"] for a in actions if "add" in a and a["add"]["path"] not in removed]
+        marked = sum(1 for a in actions if "add" in a and a["add"]["path"] in removed)
+        out.append({"bytes_added": sum(a["size"] for a in written), "files_added": len(written),
+                    "files_removed": len(removed) - marked, "files_marked": marked})
     return out
 
 
@@ -172,6 +176,7 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
             "mb_added_per_batch": round(sum(s["bytes_added"] for s in sizes) / batches / 1e6, 2),
             "files_added_per_batch": round(sum(s["files_added"] for s in sizes) / batches, 1),
             "files_removed_per_batch": round(sum(s["files_removed"] for s in sizes) / batches, 1),
+            "files_marked_per_batch": round(sum(s["files_marked"] for s in sizes) / batches, 1),
             "table_equal_to_oracle": _sorted(table_contents(str(uri))).equals(expected),
         }
         shutil.rmtree(case / name, ignore_errors=True)
