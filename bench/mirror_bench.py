@@ -25,9 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
+from bench import global_bench
 from bench.baseline import SparkMerge
 from bench.e2e import median_after_first, phase_medians, stream, table_contents
-from bench.workloads import SCHEMA
 
 FILES = 8
 MIX = {"updates": 0.75, "inserts": 0.20, "deletes": 0.05}
@@ -39,14 +39,8 @@ _EPOCH_US = 1_790_000_000_000_000
 
 
 def _rows(keys: np.ndarray, times_us: np.ndarray, ops: np.ndarray, amounts: np.ndarray) -> pa.Table:
-    return pa.table({
-        "id": pc.binary_join_element_wise("row-", pc.cast(pa.array(keys), pa.string()), ""),
-        "dt": pa.array(np.full(len(keys), "-", object), pa.string()),  # a column like any other here
-        "event_time": pa.array(times_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        "op": pa.array(ops, pa.string()),
-        "amount": pa.array(amounts, pa.float64()),
-        "payload": pc.binary_join_element_wise("payload-", pc.cast(pa.array(keys % 9973), pa.string()), ""),
-    }, schema=SCHEMA)
+    """Rows as the global-scope bench builds them, `dt` a column like any other here."""
+    return global_bench._rows(keys, np.full(len(keys), "-", object), times_us, ops, amounts)
 
 
 def _stored(keys: np.ndarray) -> pa.Table:
@@ -106,11 +100,7 @@ def oracle(table_rows: int, landing: Path) -> pa.Table:
     first = np.ones(rows.num_rows, bool)
     first[1:] = ~pc.equal(ids[1:], ids[:-1]).to_numpy(zero_copy_only=False)
     winners = rows.filter(pa.array(first))
-    return _sorted(winners.filter(pc.not_equal(winners.column("op"), "d")))
-
-
-def _sorted(table: pa.Table) -> pa.Table:
-    return table.select(SCHEMA.names).cast(SCHEMA).sort_by([("id", "ascending")]).combine_chunks()
+    return global_bench._sorted(winners.filter(pc.not_equal(winners.column("op"), "d")))
 
 
 def commit_sizes(uri: str, after: int) -> list[dict]:
@@ -177,7 +167,7 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
             "files_added_per_batch": round(sum(s["files_added"] for s in sizes) / batches, 1),
             "files_removed_per_batch": round(sum(s["files_removed"] for s in sizes) / batches, 1),
             "files_marked_per_batch": round(sum(s["files_marked"] for s in sizes) / batches, 1),
-            "table_equal_to_oracle": _sorted(table_contents(str(uri))).equals(expected),
+            "table_equal_to_oracle": global_bench._sorted(table_contents(str(uri))).equals(expected),
         }
         shutil.rmtree(case / name, ignore_errors=True)
     shutil.rmtree(case, ignore_errors=True)

@@ -20,7 +20,7 @@ def test_batches_are_updates_anywhere_inserts_and_deletes_in_the_stated_shares(t
         ids = [r["id"] for r in batch]
         assert not seen_deleted & set(ids)  # a deleted key never comes back
         seen_deleted |= {r["id"] for r in batch if r["op"] == "d"}
-        stored = [int(r["id"].removeprefix("row-")) for r in updates]
+        stored = [int(r["id"].removeprefix("user-")) for r in updates]
         # Uniform over the stored keys: each tenth of the key space gets its share.
         counts = np.bincount(np.array([k for k in stored if k < 10_000]) // 1_000, minlength=10)
         assert counts.min() > 0.6 * counts.mean()
