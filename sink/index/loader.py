@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from sink import columns as C
 from sink import keys
-from sink.delta_log.predicates import partition_predicate
+from sink.delta_log.predicates import keys_predicate, partition_predicate
 from sink.index import history_locations
 from sink.index.entry import expire_before, pack_located_many, pack_many
 from sink.ordering import arrow_greater, columns_of, stack
@@ -49,16 +49,24 @@ def read_partition(
     versions: there a tombstone newer than the newest one wins). One entry per key; array
     operations throughout. `wanted` (encoded keys): only those keys' entries."""
     ordering = columns_of(ordering)
-    types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
-    predicate = partition_predicate(keys.partition_values(pid), types)
     columns = [*key_cols, *ordering]
-    live = _key_orderings(pa.table(table.scan(columns=columns, predicate=predicate)), key_cols, ordering,
-                          shard, num_shards, wanted=wanted)
+    live = _key_orderings(pa.table(table.scan(columns=columns, predicate=_predicate(table, pid, key_cols, wanted))),
+                          key_cols, ordering, shard, num_shards, wanted=wanted)
     if tombstones is not None:
-        tomb = _key_orderings(committed_tombstones(table, tombstones, predicate, columns), key_cols, ordering,
+        tomb = _key_orderings(committed_tombstones(table, tombstones, _predicate(tombstones, pid, key_cols, wanted),
+                                                   columns), key_cols, ordering,
                               shard, num_shards, stamped=True, wanted=wanted)
         live = _overlay(live, tomb, len(ordering), rows_stand=not history)
     return live.column("k").to_pylist(), _pack(live, len(ordering))
+
+
+def _predicate(table: DeltaTable, pid: str, key_cols: Sequence[str], wanted: pa.Array | None) -> str:
+    """The scan predicate of partition `pid` of `table` (the data or the tombstone table), and
+    of the `wanted` keys where they can be named (`keys_predicate`)."""
+    types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
+    predicate = partition_predicate(keys.partition_values(pid), types)
+    named = None if wanted is None else keys_predicate(wanted.cast(pa.binary()).to_pylist(), key_cols, types)
+    return predicate if named is None else f"({predicate}) AND ({named})"
 
 
 def _overlay(live: pa.Table, tomb: pa.Table, width: int, located: bool = False, rows_stand: bool = True

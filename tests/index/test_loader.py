@@ -8,6 +8,7 @@ from deltalake import DeltaTable, write_deltalake
 from sink import keys
 from sink.index.entry import Entry, unpack_located_many
 from sink.index.loader import read_global, read_partition
+from sink.keys import UNPARTITIONED
 
 SHARDS = 2
 
@@ -66,3 +67,28 @@ def test_a_partition_read_for_some_keys_gives_exactly_their_entries_of_the_whole
     assert (entries[b"k5"].values(), entries[b"k5"].deleted) == ((5,), False)
     assert (entries[b"k6"].values(), entries[b"k6"].deleted) == ((6,), False)
     assert (entries[b"gone"].values(), entries[b"gone"].deleted) == ((7,), True)
+
+
+def test_a_read_for_some_keys_of_a_composite_key_scans_only_their_rows(tmp_path, monkeypatch):
+    """Keys named in the scan's predicate (`keys_predicate`): the same entries as the whole
+    read, a quote and a colon in a value included, and the scan returns only their rows."""
+    uri = str(tmp_path / "t")
+    rows = [{"tenant": f"t'{i % 3}:x", "n": i, "ts": i * 10} for i in range(30)]
+    write_deltalake(uri, pa.Table.from_pylist(rows))
+    table = DeltaTable(uri)
+    wanted = keys.encode_keys(pa.Table.from_pylist([rows[4], rows[17], {"tenant": "none", "n": 4, "ts": 0}]),
+                              ["tenant", "n"]).cast(pa.binary())
+    scanned = []
+    scan = DeltaTable.scan
+
+    def counted(self, *args, **kwargs):
+        out = pa.table(scan(self, *args, **kwargs))
+        scanned.append(out.num_rows)
+        return out
+
+    monkeypatch.setattr(DeltaTable, "scan", counted)
+    for shard in range(SHARDS):
+        whole = dict(zip(*read_partition(table, None, UNPARTITIONED, ["tenant", "n"], "ts", shard, SHARDS)))
+        some = dict(zip(*read_partition(table, None, UNPARTITIONED, ["tenant", "n"], "ts", shard, SHARDS, wanted)))
+        assert some == {k: raw for k, raw in whole.items() if k in wanted.to_pylist()}
+    assert scanned == [30, 2, 30, 2]
