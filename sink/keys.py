@@ -72,6 +72,12 @@ def spark_write_route_expr(partition_cols: Sequence[str], insert: str, tasks: in
     return _routed(f"pmod({base} + {spread}, {int(tasks)})", tasks)
 
 
+def spark_copies_route_expr(copy: str, tasks: int) -> str:
+    """SQL for the column to `repartition(tasks, ...)` rows by, copied to the tasks they go to
+    first: column `copy` is each copy's task, 0 <= it < tasks."""
+    return _routed(copy, tasks)
+
+
 def _routed(task_sql: str, tasks: int) -> str:
     """SQL routing a row to Spark partition `task_sql` (0 <= it < tasks) by `repartition`."""
     routes = ", ".join(str(r) for r in shard_routes(tasks))

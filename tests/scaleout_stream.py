@@ -9,7 +9,8 @@ files, in CRASH_BATCHES: Spark runs the lost tasks again elsewhere), "history" a
 created with deletion vectors, the change data feed, column mapping, a CHECK constraint and a
 generated column: its updates merge-on-read, the writing tasks write the vectors and the change
 files too, under the columns' physical names, read back by Spark after every batch),
-"spark-merge-crash" (plain under
+"mirror-crash" (crash, into an unpartitioned table with deletion vectors, the shape of a
+database's mirror: every writing task has every write and writes its share of them), "spark-merge-crash" (plain under
 engine = "delta-spark", its updates MERGEd by Spark from the writes the executors tagged,
 an executor JVM killed inside a tagging task in SPARK_MERGE_CRASH_BATCHES, the stream
 SPARK_MERGE_BATCHES long: Spark's MERGE costs 10-30 s a batch on two executors).
@@ -60,7 +61,7 @@ from tests.oracle import (
 NOW = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 DAYS = 30
 STREAMS = ("plain", "cdf", "global", "crash", "history", "global-history", "history-crash", "vectors-crash",
-           "spark-merge-crash")
+           "mirror-crash", "spark-merge-crash")
 CRASH_BATCHES = (2, 5)
 SPARK_MERGE_BATCHES, SPARK_MERGE_CRASH_BATCHES = 4, (2,)  # a batch after the crash, on its new executor
 ARMED = "armed"  # in the crash stream's folder: the next writing task to claim it kills its executor
@@ -218,10 +219,10 @@ def features_rows(spark, uri: str) -> list[dict]:
     return spark_rows(spark, uri)
 
 
-def seed_table(uri: str, events: list[Event], cdf: bool) -> None:
+def seed_table(uri: str, events: list[Event], cdf: bool, partition_by: tuple[str, ...] = ("dt",)) -> None:
     configuration = {"delta.enableChangeDataFeed": "true"} if cdf else None
-    write_deltalake(uri, pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA), partition_by=["dt"],
-                    configuration=configuration)
+    write_deltalake(uri, pa.Table.from_pylist([e._asdict() for e in events], schema=ARROW_SCHEMA),
+                    partition_by=list(partition_by) or None, configuration=configuration)
 
 
 def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch: int, num_shards: int,
@@ -240,10 +241,12 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         batches, crash_batches = min(batches, SPARK_MERGE_BATCHES), SPARK_MERGE_CRASH_BATCHES
     else:
         crash_batches = CRASH_BATCHES
-    cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=["dt"], ordering="ts",
+    mirror = name.startswith("mirror")
+    mirror_options = {"commit_mode": "merge-on-read", "allow_protocol_upgrade": True} if mirror else {}
+    cfg = SinkConfig(table_uri=str(work / "table"), key=["id"], partition_by=[] if mirror else ["dt"], ordering="ts",
                      delete_when="op = 'd'", writer_id=f"scaleout-{name}", scope=scope,
                      num_shards=num_shards, metrics_port=0, bootstrap_days=7, scd_type=2 if history else 1,
-                     **spark_merge)
+                     **spark_merge, **mirror_options)
     seed = seed_events(keys)
     if scope == "global":
         stream = random_global_batches(11, batches - history, per_batch, 2 * keys)  # half the keys new
@@ -259,7 +262,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
         seed_features_table(spark, cfg.table_uri, seed)
         rows_of = functools.partial(features_rows, spark)
     else:
-        seed_table(cfg.table_uri, seed, cdf=name == "cdf")
+        seed_table(cfg.table_uri, seed, cdf=name == "cdf", partition_by=tuple(cfg.partition_by))
     sink = UpsertSink(cfg, clock=lambda: NOW.timestamp())
     if crash:  # the tasks that run last: tagging ones when the writes stay for Spark's MERGE
         from sink.batch import executor_tagger
@@ -307,6 +310,7 @@ def run_stream(spark, work: Path, name: str, keys: int, batches: int, per_batch:
             "changelog_applied": r.changelog_applied, "replicas_rebuilt": r.replicas_rebuilt,
             "invalidated": r.invalidated, "ops": r.ops, "misses": r.misses, "filter_misses": r.filter_misses,
             "without_partition": r.without_partition, "write_seconds": r.write_seconds, "killed": killed,
+            "write_tasks": r.write_tasks,
             "jobs_rerun": r.jobs_rerun, "occupied": occupation is not None,
             "never_committed": never_committed(cfg.table_uri), "version_changes": r.version_changes,
         })

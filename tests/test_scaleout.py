@@ -125,23 +125,29 @@ def test_executors_write_the_files_and_a_task_killed_with_its_executor_commits_n
     inside a history table's writing tasks, checked against the history oracle; the
     vectors-crash stream inside merge-on-read writing tasks on a table Spark SQL created with
     deletion vectors, the change data feed, column mapping, a CHECK constraint and a generated
-    column: the killed attempt's deletion vector and change files stay unreferenced too."""
+    column: the killed attempt's deletion vector and change files stay unreferenced too; the
+    mirror-crash stream inside merge-on-read writing tasks of an unpartitioned table, each of
+    which writes its share of the table's one partition."""
     plain = next(s for s in two_executors if s["stream"] == "plain")
-    crashes = [s for s in two_executors if s["stream"] in ("crash", "history-crash", "vectors-crash")]
+    crashes = [s for s in two_executors if s["stream"] in ("crash", "history-crash", "vectors-crash", "mirror-crash")]
     for stream in (plain, *crashes):
         assert [b["exact"] for b in stream["batches"]] == [True] * len(stream["batches"]), stream["stream"]
-        updates = "merge-on-read" if stream["stream"] == "vectors-crash" else "rewrite"
+        updates = "merge-on-read" if stream["stream"] in ("vectors-crash", "mirror-crash") else "rewrite"
         assert {b["mode"] for b in stream["batches"]} - {"append"} == {updates}, stream["stream"]
         assert all(b["write_seconds"] > 0 for b in stream["batches"])
     nothing = {"data": 0, "changes": 0, "vectors": 0}
     assert [b["never_committed"] for b in plain["batches"]] == [nothing] * len(plain["batches"])
-    assert len(crashes) == 3
+    assert len(crashes) == 4
+    # The mirror's one partition is written by every writing task (4 shards: 4 tasks), not one.
+    mirror = next(s for s in crashes if s["stream"] == "mirror-crash")
+    assert [b["write_tasks"] for b in mirror["batches"] if b["mode"] != "append"] == [4] * len(mirror["batches"])
     for crash in crashes:  # type 1 copy-on-write and merge-on-read, and a history table's writing tasks
         killed = [b["batch"] for b in crash["batches"] if b["killed"]]
         assert killed == list(CRASH_BATCHES), crash["stream"]
         left = [b["never_committed"] for b in crash["batches"]]
         assert left[: killed[0]] == [nothing] * killed[0], crash["stream"]
-        kinds = ("data", "changes", "vectors") if crash["stream"] == "vectors-crash" else ("data",)
+        kinds = {"vectors-crash": ("data", "changes", "vectors"), "mirror-crash": ("data", "vectors")}.get(
+            crash["stream"], ("data",))
         for kind in kinds:
             assert 0 < left[killed[0]][kind] < left[-1][kind], (crash["stream"], kind, left)
 

@@ -5,6 +5,7 @@ write the batch's files, and only what the commit needs comes back to the driver
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import partial
 
@@ -26,7 +27,7 @@ from sink.library_errors import partition_load_failure, spark_aborted_a_rerun
 from sink.ops import metrics
 from sink.routing import sql_string
 from sink.session import SessionKind
-from sink.tagging.classify import INSERT
+from sink.tagging.classify import DELETE, INSERT, UPDATE
 from sink.tagging.executor import tag_batches
 from sink.tagging.history_writes import HistoryBatch
 from sink.tagging.release import Replicas, release_executor_replicas
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # A lost executor's tasks that Spark would not re-run alone: the job runs again, this many times.
 JOB_RERUNS = 2
+# The writing task a copy of a tagged row goes to (`ExecutorTagger._writing`).
+_COPY = "__sink_copy"
 
 
 class ExecutorTagger:
@@ -159,6 +162,15 @@ class ExecutorTagger:
             change_data=self._target.change_data_feed(), column_mapping=self._target.column_mapping(),
             identity=self._target.written_identity(), tasks=ctx.num_shards, layout=self._target.file_layout(),
         )
+        wctx = dataclasses.replace(wctx, shares=not cfg.partition_by and history is None and not wctx.change_data
+                                   and not wctx.identity and ctx.num_shards > 1)
+        if wctx.shares:  # every write to each task, the other rows to one, by their key
+            writes = F.expr(f"{C.WRITE} IN ({', '.join(sql_string(w) for w in (INSERT, UPDATE, DELETE))})")
+            tasks = F.when(writes, F.sequence(F.lit(0), F.lit(ctx.num_shards - 1))).otherwise(
+                F.array(F.expr(f"CAST(pmod(xxhash64({C.KEY}), {ctx.num_shards}) AS INT)")))
+            copies = tagging.withColumn(_COPY, F.explode(tasks))
+            return copies.repartition(ctx.num_shards, F.expr(keys.spark_copies_route_expr(_COPY, ctx.num_shards))
+                                      ).drop(_COPY).mapInArrow(partial(write_batches, wctx), state.out_schema)
         route = keys.spark_write_route_expr(cfg.partition_by, f"{C.WRITE} = {sql_string(INSERT)}", ctx.num_shards,
                                             INSERT_SPLIT)
         return tagging.repartition(ctx.num_shards, F.expr(route)).mapInArrow(partial(write_batches, wctx),

@@ -4,7 +4,9 @@ Tagged writes arrive routed by the partition they change (`keys.spark_write_rout
 so each partition's changes to stored rows are all in one task: it rewrites the partition's
 files that hold changed keys and writes new keys (sink.lakehouse.commit.rewrite; a history table's:
 its keys' rebuilt histories, sink.lakehouse.commit.versions, every event of a partition in one
-task). New keys are spread over INSERT_SPLIT tasks. The task yields only what the
+task). New keys are spread over INSERT_SPLIT tasks. An unpartitioned table's writes
+(`WriteContext.shares`) arrive in every task instead (`keys.spark_copies_route_expr`), each
+of which writes its share (sink.lakehouse.commit.shares). The task yields only what the
 driver commits: one FILE_OP row per file added, removed or marked, its action as JSON, and one with
 the task's counts. The rows the driver needs (tagging stats, quarantined records, delete
 records for the tombstone table: every row without a write) pass through.
@@ -32,6 +34,7 @@ from sink.delta_log.identity import IdentityColumn, IdentityValues
 from sink.lakehouse.commit import versions
 from sink.lakehouse.commit.actions import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, summed_changes
 from sink.lakehouse.commit.rewrite import rewrite_files
+from sink.lakehouse.commit.shares import Share
 from sink.lakehouse.commit.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
 from sink.tagging.classify import TOMBSTONE
 from sink.tagging.history_writes import HistoryBatch, history_writes
@@ -71,6 +74,8 @@ class WriteContext:
     identity: tuple[IdentityColumn, ...] = ()
     tasks: int = 1
     layout: FileLayout = DEFAULT_LAYOUT  # what the table's properties ask of new files
+    # Every task has every write of the table's one partition, and writes its share of them.
+    shares: bool = False
 
     def stored_files(self) -> Mapping[str, list[StoredFile]]:
         return getattr(self.files, "value", self.files)
@@ -100,9 +105,14 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
                     ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data, ctx.column_mapping, identity,
                     ctx.layout)
-    rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes)
-    changed = pc.unique(writes.partition_ids().filter(changing(writes.rows)))
-    yield _file_rows(ctx.output_schema, rewrite, {"rows": rows.num_rows, "partitions_changed": len(changed),
+    share = Share(TaskContext.get().partitionId(), ctx.tasks) if ctx.shares else None
+    rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes, share=share, divide=False)
+    changed = len(pc.unique(writes.partition_ids().filter(changing(writes.rows))))
+    counted = rows.num_rows
+    if share is not None:  # each task has them all: counted once, by their keys' shares
+        counted = int(share.homes(writes.rows, list(ctx.key_cols)).sum())
+        changed = changed if share.index == 0 else 0
+    yield _file_rows(ctx.output_schema, rewrite, {"rows": counted, "partitions_changed": changed,
                                                   "unchanged": rewrite.unchanged,
                                                   "row_changes": rewrite.row_changes,
                                                   "seconds": time.perf_counter() - started,

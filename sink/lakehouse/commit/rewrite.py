@@ -45,6 +45,7 @@ from sink.lakehouse.commit.file_changes import file_changes
 from sink.lakehouse.commit.key_hits import FoundFile, Hits, file_key_columns, matching_files
 from sink.lakehouse.commit.merge_on_read import Mark, store_marks
 from sink.lakehouse.commit.partition_writes import rewrite_partition
+from sink.lakehouse.commit.shares import DRIVER_MIN_ROWS, Share, every_share
 from sink.lakehouse.commit.stored_rows import row_keys
 from sink.lakehouse.commit.writes import (
     Writes,
@@ -88,12 +89,16 @@ def commit_rewrite(table: DeltaTable, uri: str, rewrite: Rewrite, snapshot: Mapp
     return len(rewrite.removes)
 
 
-def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Writes) -> Rewrite:
+def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Writes, *,
+                  share: Share | None = None, divide: bool = True) -> Rewrite:
     """Write the batch's files in three steps: each partition's files are probed for its
     updated and deleted keys, in threads (pyarrow's reads and kernels release the GIL); what
     the batch changes in all the files found is decided in one pass (`file_changes`), whose
     cost follows the batch's changed rows, not a round of small kernels per partition; then
-    each partition's files are written, in threads."""
+    each partition's files are written, in threads; with `divide`, a batch that writes one
+    partition (an unpartitioned table's) has it written in shares, one per thread
+    (sink.lakehouse.commit.shares). A Spark writing task writes its `share` of its partitions
+    alone, or (not dividing) all of them."""
     encoded = pc.dictionary_encode(writes.partition_ids())
     names = encoded.dictionary.to_pylist()
     group = encoded.indices.to_numpy(zero_copy_only=False)
@@ -122,7 +127,8 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
                                    writes.schema, writes.column_mapping, writes.ordering, stack=stack)
             return found, stack.pop_all()
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+    threads = os.cpu_count() or 2
+    with ThreadPoolExecutor(max_workers=threads) as pool:
         probes = list(pool.map(probe, range(len(names))))
         try:
             decided = file_changes([(stored, Hits(hits.rows, hits.incoming + starts[i]))
@@ -131,11 +137,15 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
             ends = np.cumsum([len(found) for found, _ in probes])
             per_partition = [decided[end - len(found):end] for end, (found, _) in zip(ends, probes)]
 
-            def write(i: int) -> tuple[Rewrite, list[Mark]]:
+            def write(job: tuple[int, Share | None]) -> tuple[Rewrite, list[Mark]]:
+                i, part = job
                 return rewrite_partition(fs, root, groups[i], values[i], probes[i][0], per_partition[i],
-                                         np.flatnonzero(updating[bounds[i]:bounds[i + 1]]), writes)
+                                         np.flatnonzero(updating[bounds[i]:bounds[i + 1]]), writes, part)
 
-            done = list(pool.map(write, range(len(names))))
+            jobs = [(i, share) for i in range(len(names))]
+            if share is None and divide and _divided(writes, len(names), threads):
+                jobs = [(0, s) for s in every_share(threads)]
+            done = list(pool.map(write, jobs))
         finally:  # what the probes read is held for the next batch (`StoredRows.hold`)
             list(pool.map(lambda p: p[1].close(), probes))
     if not writes.merge_on_read:  # the files replaced: their rows live on in the new files
@@ -150,3 +160,10 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
                    [c for r, _ in done for c in r.changes],
                    [writes.identity.high()] if writes.identity and writes.identity.high() else [],
                    summed_changes(r.row_changes for r, _ in done))
+
+
+def _divided(writes: Writes, partitions: int, threads: int) -> bool:
+    """Whether the driver writes the batch's one partition in shares (sink.lakehouse.commit.shares):
+    a partition of enough rows, with no change data feed or identity values to divide."""
+    return (partitions == 1 and threads > 1 and writes.rows.num_rows >= DRIVER_MIN_ROWS and not writes.change_data
+            and writes.identity is None)
