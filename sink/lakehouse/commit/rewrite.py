@@ -18,9 +18,9 @@ made itself (`features.row_checks`).
 
 Its steps are the modules beside it in sink.lakehouse.commit: a stored file's rows
 (`stored_rows`), which files hold the batch's keys (`key_hits`), what the batch changes in
-them (`file_changes`), one partition's writes (`partition_writes`), the files written
-(`data_files`, `change_data`), merge-on-read's marks (`merge_on_read`), and what the commit
-records and checks (`actions`)."""
+them (`file_changes`), one partition's writes (`partition_writes`; divided among cores,
+`shares`), the files written (`data_files`, `change_data`), merge-on-read's marks
+(`merge_on_read`), and what the commit records and checks (`actions`)."""
 
 from __future__ import annotations
 
