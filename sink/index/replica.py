@@ -265,8 +265,8 @@ class ShardReplica:
         self.keyspaces.load_chunks(pid, [(keys, raws)], reason, now)
 
     def load_chunks(self, pid: str, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]], reason: str,
-                    now: float | None = None) -> int:
-        return self.keyspaces.load_chunks(pid, chunks, reason, now)
+                    now: float | None = None, *, ascending: bool = False) -> int:
+        return self.keyspaces.load_chunks(pid, chunks, reason, now, ascending=ascending)
 
     def drop_partition(self, pid: str, invalidated: bool = False) -> None:
         self.keyspaces.drop_partition(pid, invalidated)

@@ -1,6 +1,7 @@
 """Reading a shard's entries from the tables: a global keyspace batch by batch, handed on in
 chunks; a partition whole, or for some keys."""
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -92,3 +93,21 @@ def test_a_read_for_some_keys_of_a_composite_key_scans_only_their_rows(tmp_path,
         some = dict(zip(*read_partition(table, None, UNPARTITIONED, ["tenant", "n"], "ts", shard, SHARDS, wanted)))
         assert some == {k: raw for k, raw in whole.items() if k in wanted.to_pylist()}
     assert scanned == [30, 2, 30, 2]
+
+
+@pytest.mark.parametrize("colliding", [False, True])
+def test_a_key_stored_twice_in_a_partition_is_read_once_at_its_newest_row(tmp_path, monkeypatch, colliding):
+    """Keys are told distinct by their hashes: a collision (forced here) only takes the exact
+    path, which keeps each key's newest row."""
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": [f"k{i}" for i in range(40)], "ts": list(range(40))}))
+    write_deltalake(uri, pa.table({"id": ["k3", "k8"], "ts": [100, 1]}), mode="append")
+    if colliding:
+        monkeypatch.setattr("sink.index.loader.xxh64", lambda values: np.zeros(len(values), np.uint64))
+    found = {}
+    for shard in range(SHARDS):
+        got, raws = read_partition(DeltaTable(uri), None, UNPARTITIONED, ["id"], "ts", shard, SHARDS)
+        assert got == sorted(got)  # the order an SST file is written in
+        found.update({k: Entry.unpack(r) for k, r in zip(got, raws)})
+    expected = {f"k{i}".encode(): Entry(i) for i in range(40)} | {b"k3": Entry(100)}
+    assert found == expected

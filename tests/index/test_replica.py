@@ -302,6 +302,18 @@ def test_a_keyspace_loaded_in_chunks_holds_every_chunk_and_its_filter_every_key(
         assert r.lookups["filter"] == 0  # no held key is ever answered "absent" by the filter
 
 
+def test_a_chunk_said_ascending_is_written_as_it_comes_and_one_out_of_order_is_refused(path):
+    keys_, raws = _located(25_000, "b")
+    order = sorted(range(len(keys_)), key=keys_.__getitem__)
+    ascending = ([keys_[i] for i in order], [raws[i] for i in order])
+    with ShardReplica.open(path, GLOBAL_SPEC) as r:
+        assert r.load_chunks(GLOBAL, iter([ascending]), reason="bootstrap", ascending=True) == 25_000
+        assert r.lookup_packed(GLOBAL, keys_) == raws
+        swapped = ([ascending[0][1], ascending[0][0], *ascending[0][2:]], ascending[1])
+        with pytest.raises(Exception, match="ascending order"):  # rocksdict raises a bare Exception
+            r.load_chunks(GLOBAL, iter([swapped]), reason="bootstrap", ascending=True)
+
+
 def test_a_chunked_load_that_fails_midway_leaves_no_keyspace_and_a_retry_loads_it_whole(path):
     first, second = _located(300, "a"), _located(300, "b")
 
