@@ -68,3 +68,25 @@ def test_merged_keys_find_in_each_file_what_index_in_finds(kind, seed):
 def test_a_locator_keeps_the_rows_it_is_given():
     locator = KeyLocator.of(pa.array(["b", "c", "a"]), np.array([10, 11, 12]))
     assert locator.sorted_keys.to_pylist() == ["a", "b", "c"] and locator.rows.tolist() == [12, 10, 11]
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.int64()])
+@pytest.mark.parametrize("seed", range(30))
+def test_two_locators_merged_are_the_locator_of_their_keys_together(kind, seed):
+    """Keys shared by both sides, repeated within one, or each once; empty sides."""
+    rng = random.Random(seed)
+    value = (lambda v: v) if kind == pa.int64() else (lambda v: f"k{v}")
+    if seed % 2:
+        shared = rng.sample(range(60), rng.randrange(40))
+        cut = rng.randrange(len(shared) + 1)
+        left, right = shared[:cut], shared[cut:] + ([shared[0]] if shared and seed % 4 == 1 else [])
+    else:
+        left, right = ([rng.randrange(30) for _ in range(rng.randrange(25))] for _ in range(2))
+    keys = [value(v) for v in left + right]
+    merged = KeyLocator.of(pa.array(keys[:len(left)], kind)).merged_with(
+        KeyLocator.of(pa.array(keys[len(left):], kind), np.arange(len(left), len(keys))))
+    whole = KeyLocator.of(pa.array(keys, kind))
+    assert merged.sorted_keys.to_pylist() == whole.sorted_keys.to_pylist()
+    assert merged.unique == whole.unique == (len(set(keys)) == len(keys))
+    assert [keys[r] for r in merged.rows.tolist()] == merged.sorted_keys.to_pylist()
+    assert sorted(merged.rows.tolist()) == list(range(len(keys)))
