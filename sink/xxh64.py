@@ -21,20 +21,20 @@ GROUP_VALUES = 1 << 20  # values hashed at once: bounds the temporaries (a few a
 
 
 def xxh64(values: pa.Array | pa.ChunkedArray, seed: int = 0) -> np.ndarray:
-    """The uint64 XXH64 digest of each value (binary or string; nulls hash as empty values)."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks else pa.array([], pa.binary())
+    """The uint64 XXH64 digest of each value (binary or string). A null gives `seed`, as
+    Spark's xxhash64 of a null does."""
+    if isinstance(values, pa.ChunkedArray):  # chunk by chunk: their sum may pass 2 GiB
+        return np.concatenate([np.zeros(0, np.uint64), *(xxh64(chunk, seed) for chunk in values.chunks)])
     values = pc.cast(values, pa.large_binary())
     n = len(values)
     offsets = np.frombuffer(values.buffers()[1], np.int64)[values.offset:values.offset + n + 1]
     starts, lengths = offsets[:-1], np.diff(offsets)
-    if values.null_count:
-        lengths = np.where(values.is_null().to_numpy(zero_copy_only=False), 0, lengths)
+    nulls = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else np.zeros(n, bool)
     data = _Words(values.buffers()[2])
-    out = np.empty(n, np.uint64)
+    out = np.full(n, seed & _MASK, np.uint64)
     with np.errstate(over="ignore"):
-        for length in np.flatnonzero(np.bincount(lengths)).tolist():
-            rows = np.flatnonzero(lengths == length)
+        for length in np.flatnonzero(np.bincount(lengths[~nulls])).tolist():
+            rows = np.flatnonzero((lengths == length) & ~nulls)
             for at in range(0, len(rows), GROUP_VALUES):
                 part = rows[at:at + GROUP_VALUES]
                 out[part] = _digest(data, starts[part], length, seed)
