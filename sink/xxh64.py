@@ -3,7 +3,8 @@ gives (and Spark's xxhash64 of a string, with its seed 42), without a Python cal
 
 Values of one length take the same steps, so each length's values are hashed together, a
 bounded number at a time, reading their words through unaligned views of the data buffer.
-Bootstrapping a replica hashes every key of the table (twice: its shard, its key filter)."""
+A replica's load hashes every key of the table for its shard, and its own keys again to tell
+them distinct (sink.index.loader) and for its key filter."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def _rotl(x: np.ndarray, r: int) -> np.ndarray:
 
 
 def _round(acc: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    """XXH64's round; `lane` is consumed (changed in place: one temporary fewer per step)."""
     lane *= _P2
     lane += acc
     return _rotl(lane, 31) * _P1
