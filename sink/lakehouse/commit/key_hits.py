@@ -158,7 +158,7 @@ def _hold_merged_keys(at: str, locations: Sequence[str]) -> None:
                 and (merged is None or location not in merged.files)):
             apart.append((location, entry))
     if len(apart) >= _MERGED_FILES:
-        runs = [(location, e.locator.sorted_keys, e.locator.rows) for location, e in apart]
+        runs = [(location, e.locator) for location, e in apart]
         merged = merged.adding(runs) if merged is not None else MergedKeys.of(runs)
         for location, e in apart:
             file_cache.PROBED.put(location, e.replaced(e.columns, None))

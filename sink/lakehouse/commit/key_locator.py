@@ -50,38 +50,6 @@ class KeyLocator:
     def num_rows(self) -> int:
         return len(self.rows)
 
-    def merged_with(self, other: KeyLocator) -> KeyLocator:
-        """This and `other` (keys of one type) as one locator, their sorted keys merged: linear
-        in the rows, where sorting them again cost about a second at 10M keys, every time
-        merge-on-read's new files joined a mirror's merged keys."""
-        if not other.num_rows or not self.num_rows:
-            return self if not other.num_rows else other
-        if self.sorted_keys.null_count or other.sorted_keys.null_count:  # nulls sort last: sorted anew
-            keys = pa.chunked_array([self.sorted_keys, other.sorted_keys], type=self.sorted_keys.type)
-            return KeyLocator.of(keys.combine_chunks(), np.concatenate([self.rows, other.rows]))
-        mine, theirs = self._numbers, other._numbers
-        if mine is not None and theirs is not None:
-            at = np.searchsorted(mine, theirs, side="right")
-        else:
-            at = pc.search_sorted(self.sorted_keys, other.sorted_keys, side="right").to_numpy()
-        n, m = self.num_rows, other.num_rows
-        placed = at.astype(np.int64) + np.arange(m)  # where each of `other`'s keys lands: after its equals here
-        order = np.empty(n + m, np.int64)
-        order[placed] = n + np.arange(m)
-        mask = np.ones(n + m, bool)
-        mask[placed] = False
-        order[mask] = np.arange(n)
-        if mine is not None and theirs is not None:
-            keys = pa.array(np.concatenate([mine, theirs])[order], self.sorted_keys.type)
-        else:
-            keys = pa.chunked_array([self.sorted_keys, other.sorted_keys], type=self.sorted_keys.type
-                                    ).combine_chunks().take(pa.array(order))
-        # A key of `other` that is also here lands right after its equal.
-        after = placed[placed > 0]
-        repeated = len(after) and pc.any(pc.equal(keys.take(pa.array(after)), keys.take(pa.array(after - 1)))).as_py()
-        rows = np.concatenate([self.rows.astype(np.int64), other.rows.astype(np.int64)])[order]
-        return KeyLocator(keys, rows, self.unique and other.unique and not repeated)
-
     def get_total_buffer_size(self) -> int:
         return self.sorted_keys.get_total_buffer_size() + self.rows.nbytes
 
@@ -139,34 +107,50 @@ class KeyLocator:
         return found.astype(np.int64), needle[order][where]
 
 
+# A partition's merged keys are held in tiers, largest first; a new tier is sorted together with
+# the one before it once it holds at least 1/TIER_RATIO of that one's rows (a binary counter:
+# a key is sorted again about log2(table / new keys) times). Merge-on-read adds a batch's new
+# files to a mirror's 10M keys every other batch, and sorting them into all of them cost
+# 1-3 s each time; in tiers a batch sorts the small ones, and the largest only when the others
+# add up to half of it. A search costs each tier's (measured: 0.16 s for 100k keys in 10M,
+# 4 ms in 250k). Two sorted tiers of comparable size are sorted again, not merged: for 5M and
+# 5M string keys a sort took 0.9 s, a merge (a search of one in the other, then a take of
+# both) 2.2 s; a merge wins only for a small tier into a large one, which the ratio avoids.
+TIER_RATIO = 2
+
+
 @dataclass(frozen=True)
 class MergedKeys:
-    """Several files' keys sorted together: a batch's keys are searched once for all of
-    them, not once per file. The files' rows are numbered one file after the other."""
+    """Several files' keys sorted together, in a few tiers (`TIER_RATIO`): a batch's keys are
+    searched once per tier, not once per file. The files' rows are numbered one file after the
+    other; each file's keys are in one tier."""
 
     files: tuple[str, ...]  # their locations
     starts: np.ndarray  # file i's rows are numbered starts[i]:starts[i + 1]
-    locator: KeyLocator
+    tiers: tuple[KeyLocator, ...]  # largest first
 
     @classmethod
-    def of(cls, runs: Sequence[tuple[str, pa.Array, np.ndarray]]) -> MergedKeys:
-        """From each file's location, keys (every row's, in any order) and each key's row."""
-        none = KeyLocator(runs[0][1].slice(0, 0), np.zeros(0, np.int64), True)
-        return cls((), np.zeros(1, np.int64), none).adding(runs)
+    def of(cls, runs: Sequence[tuple[str, KeyLocator]]) -> MergedKeys:
+        """From each file's location and its keys' locator (rows numbered in the file)."""
+        return cls((), np.zeros(1, np.int64), ()).adding(runs)
 
-    def adding(self, runs: Sequence[tuple[str, pa.Array, np.ndarray]]) -> MergedKeys:
-        """With more files (as `of` takes them): their keys sorted together, then merged into
-        these (`KeyLocator.merged_with`), which are not sorted again. (Merging many large runs
-        two by two costs more than one sort of them for string keys: 5.9 s against ~3.5 s for
-        10 files of a 10M-key mirror.)"""
+    def adding(self, runs: Sequence[tuple[str, KeyLocator]]) -> MergedKeys:
+        """With more files (as `of` takes them): their keys sorted together into a new tier,
+        then the newest two tiers sorted together while the newest holds at least 1/TIER_RATIO
+        of the rows of the one before it; the larger tiers are left as they are."""
         if not runs:
             return self
-        starts = np.concatenate([self.starts, self.starts[-1] + np.cumsum([len(k) for _, k, _ in runs])])
-        numbered = np.concatenate([rows.astype(np.int64) + start
-                                   for (_, _, rows), start in zip(runs, starts[len(self.files):])])
-        keys = pa.chunked_array([k for _, k, _ in runs], type=self.locator.sorted_keys.type).combine_chunks()
-        locator = self.locator.merged_with(KeyLocator.of(keys, numbered))
-        return MergedKeys((*self.files, *(f for f, _, _ in runs)), starts.astype(np.int64), locator)
+        starts = np.concatenate([self.starts, self.starts[-1] + np.cumsum([r.num_rows for _, r in runs])])
+        numbered = np.concatenate([np.zeros(0, np.int64), *(r.rows.astype(np.int64) + start
+                                                            for (_, r), start in zip(runs, starts[len(self.files):]))])
+        keys = pa.chunked_array([r.sorted_keys for _, r in runs], type=runs[0][1].sorted_keys.type).combine_chunks()
+        tier = KeyLocator.of(keys, numbered)
+        tiers = [*self.tiers, tier] if tier.num_rows else list(self.tiers)
+        while len(tiers) > 1 and tiers[-1].num_rows * TIER_RATIO >= tiers[-2].num_rows:
+            newest, before = tiers.pop(), tiers.pop()
+            tiers.append(KeyLocator.of(pa.chunked_array([before.sorted_keys, newest.sorted_keys]).combine_chunks(),
+                                       np.concatenate([before.rows, newest.rows])))
+        return MergedKeys((*self.files, *(f for f, _ in runs)), starts.astype(np.int64), tuple(tiers))
 
     def keeping(self, files: Collection[str]) -> MergedKeys | None:
         """Those of its files among `files` (others left the table), without sorting again;
@@ -175,22 +159,30 @@ class MergedKeys:
         if not kept:
             return None
         starts = np.concatenate([[0], np.cumsum(np.diff(self.starts)[kept])]).astype(np.int64)
-        of_file = np.searchsorted(self.starts, self.locator.rows, side="right") - 1
         keep = np.zeros(len(self.files), bool)
         keep[kept] = True
         shift = np.zeros(len(self.files), np.int64)
         shift[kept] = starts[:-1] - self.starts[kept]
-        mine = keep[of_file]
-        locator = KeyLocator(self.locator.sorted_keys.filter(pa.array(mine)),
-                             self.locator.rows[mine] + shift[of_file[mine]], self.locator.unique)
-        return MergedKeys(tuple(self.files[i] for i in kept), starts, locator)
+        tiers = []
+        for tier in self.tiers:
+            of_file = np.searchsorted(self.starts, tier.rows, side="right") - 1
+            mine = keep[of_file]
+            if mine.any():
+                tiers.append(KeyLocator(tier.sorted_keys.filter(pa.array(mine)),
+                                        tier.rows[mine] + shift[of_file[mine]], tier.unique))
+        return MergedKeys(tuple(self.files[i] for i in kept), starts, tuple(tiers))
 
     def find(self, incoming: pa.Array) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per file, what `KeyLocator.find` finds in it."""
-        numbered, needle = self.locator.find(incoming)  # ascending: file by file
+        found = [tier.find(incoming) for tier in self.tiers]
+        numbered = np.concatenate([np.zeros(0, np.int64), *(rows for rows, _ in found)])
+        needle = np.concatenate([np.zeros(0, np.int64), *(at for _, at in found)])
+        if len(found) > 1:  # each tier's ascending: a file's rows are in one tier
+            order = np.argsort(numbered, kind="stable")
+            numbered, needle = numbered[order], needle[order]
         bounds = np.searchsorted(numbered, self.starts)
         return [(numbered[bounds[i]:bounds[i + 1]] - self.starts[i], needle[bounds[i]:bounds[i + 1]])
                 for i in range(len(self.files))]
 
     def get_total_buffer_size(self) -> int:
-        return self.locator.get_total_buffer_size() + self.starts.nbytes
+        return sum(tier.get_total_buffer_size() for tier in self.tiers) + self.starts.nbytes

@@ -48,7 +48,7 @@ def test_merged_keys_find_in_each_file_what_index_in_finds(kind, seed):
     files = [pa.array([None if rng.random() < 0.05 else value(v) for v in rng.sample(range(60), rng.randrange(30))],
                       kind) for _ in range(rng.randrange(1, 6))]
     incoming = pa.array([value(rng.randrange(70)) for _ in range(rng.randrange(25))], kind)
-    runs = [(f"f{i}", keys, np.arange(len(keys))) for i, keys in enumerate(files)]
+    runs = [(f"f{i}", KeyLocator.of(keys)) for i, keys in enumerate(files)]
     merged = MergedKeys.of(runs)
     split = rng.randrange(1, len(files) + 1)
     added = MergedKeys.of(runs[:split]).adding(runs[split:])
@@ -71,22 +71,43 @@ def test_a_locator_keeps_the_rows_it_is_given():
 
 
 @pytest.mark.parametrize("kind", [pa.string(), pa.int64()])
-@pytest.mark.parametrize("seed", range(30))
-def test_two_locators_merged_are_the_locator_of_their_keys_together(kind, seed):
-    """Keys shared by both sides, repeated within one, or each once; empty sides."""
+@pytest.mark.parametrize("seed", range(20))
+def test_merged_keys_added_file_by_file_keep_few_tiers_and_find_what_index_in_finds(kind, seed):
+    """A partition's files joining its merged keys a few at a time, as merge-on-read adds them
+    batch after batch, some leaving: a large tier is not sorted again for a small addition, the
+    tiers stay few (log2 of the keys added), and each file's keys are still found."""
     rng = random.Random(seed)
     value = (lambda v: v) if kind == pa.int64() else (lambda v: f"k{v}")
-    if seed % 2:
-        shared = rng.sample(range(60), rng.randrange(40))
-        cut = rng.randrange(len(shared) + 1)
-        left, right = shared[:cut], shared[cut:] + ([shared[0]] if shared and seed % 4 == 1 else [])
-    else:
-        left, right = ([rng.randrange(30) for _ in range(rng.randrange(25))] for _ in range(2))
-    keys = [value(v) for v in left + right]
-    merged = KeyLocator.of(pa.array(keys[:len(left)], kind)).merged_with(
-        KeyLocator.of(pa.array(keys[len(left):], kind), np.arange(len(left), len(keys))))
-    whole = KeyLocator.of(pa.array(keys, kind))
-    assert merged.sorted_keys.to_pylist() == whole.sorted_keys.to_pylist()
-    assert merged.unique == whole.unique == (len(set(keys)) == len(keys))
-    assert [keys[r] for r in merged.rows.tolist()] == merged.sorted_keys.to_pylist()
-    assert sorted(merged.rows.tolist()) == list(range(len(keys)))
+    files = {f"f{i}": pa.array([value(rng.randrange(500)) for _ in range(rng.randrange(1, 40))], kind)
+             for i in range(40)}
+    names = list(files)
+    files[names[0]] = pa.array([value(v) for v in range(2000)], kind)  # the table's first files, large
+    merged = MergedKeys.of([(names[0], KeyLocator.of(files[names[0]]))])
+    largest = merged.tiers[0]
+    at = 1
+    while at < len(names):
+        step = rng.randrange(1, 4)
+        merged = merged.adding([(f, KeyLocator.of(files[f])) for f in names[at:at + step]])
+        at += step
+        assert merged.tiers[0] is largest  # the other tiers together stay under half its rows
+        assert len(merged.tiers) <= 1 + np.log2(sum(len(files[f]) for f in names[1:at])) + 1
+        assert [t.num_rows for t in merged.tiers] == sorted((t.num_rows for t in merged.tiers), reverse=True)
+    kept = set(rng.sample(names, 30))
+    incoming = pa.array([value(rng.randrange(2100)) for _ in range(60)], kind)
+    for found, held in ((merged, names), (merged.keeping(kept), [f for f in names if f in kept])):
+        assert found.files == tuple(held)
+        for (rows, positions), f in zip(found.find(incoming), held):
+            index = pc.index_in(files[f], value_set=incoming, skip_nulls=True).to_pylist()
+            assert rows.tolist() == [r for r, p in enumerate(index) if p is not None]
+            assert positions.tolist() == [p for p in index if p is not None]
+
+
+def test_tiers_of_comparable_size_are_sorted_together():
+    """A tier at least 1/TIER_RATIO of the one before it joins it: one tier again."""
+    first = MergedKeys.of([("a", KeyLocator.of(pa.array(["k3", "k1"])))])
+    joined = first.adding([("b", KeyLocator.of(pa.array(["k2"])))])
+    assert len(joined.tiers) == 1
+    assert joined.tiers[0].sorted_keys.to_pylist() == ["k1", "k2", "k3"] and joined.tiers[0].rows.tolist() == [1, 2, 0]
+    apart = MergedKeys.of([("a", KeyLocator.of(pa.array(["k3", "k1", "k4"])))]).adding(
+        [("b", KeyLocator.of(pa.array(["k2"])))])
+    assert [t.num_rows for t in apart.tiers] == [3, 1]
