@@ -49,3 +49,18 @@ def test_the_task_context_takes_the_sections_whole():
     assert (ctx.table, ctx.stream, ctx.index) == (cfg.table, cfg.stream, cfg.index)
     assert (ctx.tombstone_uri, ctx.tombstone_ttl_seconds, ctx.history) == ("/data/t_tombstones", 7200, True)
     assert not ctx.ignore_null_updates  # a history table fills nulls when it rebuilds, not in the tasks
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_the_shards_of_an_unpartitioned_table_verify_in_turn(every):
+    """Each shard's check there reads the whole table: one shard a checked batch, each in turn;
+    on a partitioned table every shard checks every checked batch."""
+    index = SinkConfig(**BASE, verify_fraction=0.25, verify_every_batches=every).index
+    checked = [b for b in range(12 * every) if b % every == 0]
+    for shards in (1, 3):
+        turns = [[s for s in range(shards) if index.verifies(b, shard=s, num_shards=shards, whole_table=True)]
+                 for b in checked]
+        assert turns == [[(b // every) % shards] for b in checked]
+        assert all(index.verifies(b, shard=s, num_shards=shards) == 0.25 for b in checked for s in range(shards))
+    assert all(index.verifies(b, shard=s, num_shards=3, whole_table=w) == 0.0
+               for b in range(12 * every) if b % every for s in range(3) for w in (True, False))

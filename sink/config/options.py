@@ -133,7 +133,8 @@ class SinkOptions:
     partition checked, in one partition per shard, another each batch) is read from the table and the
     tombstone table and compared with the replica; a partition where they differ is logged at
     ERROR, counted (`upsert_sink_index_verify_mismatches_total`) and reloaded before the batch is
-    tagged against it; 0 = off."""
+    tagged against it; 0 = off. On an unpartitioned table, whose one partition is the whole
+    table, the shards check in turn, one a batch."""
     verify_every_batches: int = 1
     """Run the sampled verification (`verify_fraction`) on every N-th batch."""
     index_block_cache_bytes: int = 64 << 20

@@ -233,7 +233,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
             rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
             needed = list(dict.fromkeys([*needed, *pc.unique(pids).to_pylist()]))
             clock.lap("place")
-        fraction = ctx.index.verifies(ctx.batch_id) if not located and not ctx.history else 0.0
+        fraction = 0.0 if located or ctx.history else ctx.index.verifies(
+            ctx.batch_id, shard=shard, num_shards=ctx.num_shards, whole_table=not ctx.table.partition_by)
         if fraction:
             _verify(ctx, replica, source, shard, pids, rows.column(C.KEY), held - set(peeked), fraction, stats)
             clock.lap("verify")
