@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent import futures
 from contextlib import ExitStack, contextmanager
 
 import numpy as np
@@ -33,7 +34,7 @@ from sink import freshness, keys
 from sink.arrival import arrival
 from sink.delta_log.reading import read_commit
 from sink.errors import ReplicaLostError
-from sink.index import changelog, history_locations, registry, verification, worker_replicas
+from sink.index import changelog, history_locations, registry, worker_replicas
 from sink.index.catchup import catch_up
 from sink.index.entry import ordering_names
 from sink.index.hot_tier import resident_keys
@@ -53,6 +54,7 @@ from sink.lakehouse.engines import open_tables
 from sink.lakehouse.engines.delta_rs import rows_in
 from sink.library_errors import first_line, is_corruption
 from sink.ordering import helper_columns
+from sink.tagging import sampled_check
 from sink.tagging.append_only import stored_row_changes
 from sink.tagging.classify import DELETE, INSERT, TOMBSTONE, UPDATE, tag, tag_global
 from sink.tagging.moves import keep_stored_values, placed
@@ -235,13 +237,24 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
             clock.lap("place")
         fraction = 0.0 if located or ctx.history else ctx.index.verifies(
             ctx.batch_id, shard=shard, num_shards=ctx.num_shards, whole_table=not ctx.table.partition_by)
-        if fraction:
-            _verify(ctx, replica, source, shard, pids, rows.column(C.KEY), held - set(peeked), fraction, stats)
-            clock.lap("verify")
+        check = sampled_check.start(ctx, replica, source.get, shard, pids, rows.column(C.KEY), held - set(peeked),
+                                    fraction) if fraction else None
+        clock.lap("verify")
         replica.touch(needed, ctx.now)
         counted = (dict(replica.lookups), dict(stats.lookups), stats.cross_partition_checked,
                    stats.cross_partition_keys)
-        inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
+        try:
+            inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
+            if check is not None and (drifted := sampled_check.drifted(ctx, shard, check, stats)):
+                for pid in drifted:  # reloaded, and the records tagged again against them
+                    replica.drop_partition(pid, invalidated=True)
+                _load_missing(ctx, replica, source, drifted, stats)
+                replica.lookups, stats.lookups, stats.cross_partition_checked, stats.cross_partition_keys = counted
+                inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
+        finally:
+            if check is not None:  # the replica stays open until the check's read of it is done
+                futures.wait([check])
+                clock.lap("verify")
         # Set aside, and the rest tagged again (their lookups counted once), until none is left.
         while (refused := _set_aside(ctx, rows, inputs, pids, located, result)) is not None:
             aside, reasons = refused
@@ -451,29 +464,6 @@ def _with_peeked(lookup, peeked: Mapping[str, Mapping[bytes, bytes]], stats: Tas
         return raws
 
     return answered
-
-
-def _verify(ctx: TaskContext, replica: ShardReplica, source: LazySource, shard: int, pids: pa.Array,
-            keys_: pa.Array, among: set[str], fraction: float, stats: TaskStats) -> None:
-    """The sampled verification (sink.index.verification) of the records' keys in partitions
-    `among` (held before this task loaded anything): partitions where the replica disagrees
-    with the tables are logged, dropped and loaded again before tagging."""
-    wanted = verification.sample(pids, pc.cast(keys_, pa.binary()), among, fraction, seed=ctx.batch_id * 4099 + shard)
-    if not wanted:
-        return
-    found = verification.check(wanted, replica.peek, source.get().peek, ctx.expire_before,
-                               lambda k: keys.describe_key(k, ctx.table.key))
-    stats.verified_keys += found.keys
-    if not found.drifted:
-        return
-    stats.verify_mismatches += found.mismatches
-    stats.verify_examples += found.examples
-    log.error("shard %s of %s at version %s: the replica disagrees with the table on %s of %s key(s) checked, "
-              "e.g. %s; reloading partition(s) %s", shard, ctx.table.table_uri, ctx.table_version, found.mismatches,
-              found.keys, "; ".join(found.examples), found.drifted)
-    for pid in found.drifted:
-        replica.drop_partition(pid, invalidated=True)
-    _load_missing(ctx, replica, source, found.drifted, stats)
 
 
 def _load_missing(ctx: TaskContext, replica: ShardReplica, source: LazySource, pids: list[str],
