@@ -207,6 +207,9 @@ class Keyspaces:
         todo = [i for i, r in enumerate(raws) if r is None]
         self.lookups["memory"] += len(keys) - len(todo)
         if todo:
+            # In key order RocksDB finds the next key in the blocks it just read: a multi-get of
+            # 50k keys of a 5M-key partition took 0.24 s sorted, 0.33-0.40 s as they came.
+            todo.sort(key=keys.__getitem__)
             fetched = self.cf(PARTITION_CF_PREFIX + pid).get([keys[i] for i in todo])
             found_keys, found_raws = [], []
             for i, raw in zip(todo, fetched):
