@@ -177,7 +177,17 @@ def shard_of(key: bytes, num_shards: int) -> int:
 def shards_of(keys: pa.Array | pa.ChunkedArray, num_shards: int) -> pa.Array:
     """Shard of every encoded key: Spark's pmod(xxhash64(key), n), the signed hash taken
     modulo n into [0, n)."""
-    return pa.array(xxh64(keys, SPARK_XXHASH_SEED).view(np.int64) % num_shards)
+    return pa.array(shards_of_hashes(spark_hashes(keys), num_shards))
+
+
+def spark_hashes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Spark's xxhash64 of every encoded key (uint64), which `shards_of_hashes` takes."""
+    return xxh64(keys, SPARK_XXHASH_SEED)
+
+
+def shards_of_hashes(hashed: np.ndarray, num_shards: int) -> np.ndarray:
+    """The shards of keys hashed by `spark_hashes`: the signed hash modulo n, into [0, n)."""
+    return hashed.view(np.int64) % num_shards
 
 
 def ordering_values(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
