@@ -3,8 +3,8 @@ gives (and Spark's xxhash64 of a string, with its seed 42), without a Python cal
 
 Values of one length take the same steps, so each length's values are hashed together, a
 bounded number at a time, reading their words through unaligned views of the data buffer.
-A replica's load hashes every key of the table for its shard, and its own keys again to tell
-them distinct (sink.index.loader) and for its key filter."""
+A replica's load hashes every key of the table for its shard (which also tells its keys
+distinct, sink.index.loader) and its own keys again for its key filter."""
 
 from __future__ import annotations
 
