@@ -237,22 +237,22 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
             clock.lap("place")
         fraction = 0.0 if located or ctx.history else ctx.index.verifies(
             ctx.batch_id, shard=shard, num_shards=ctx.num_shards, whole_table=not ctx.table.partition_by)
-        check = sampled_check.start(ctx, replica, source.get, shard, pids, rows.column(C.KEY), held - set(peeked),
-                                    fraction) if fraction else None
-        clock.lap("verify")
         replica.touch(needed, ctx.now)
         counted = (dict(replica.lookups), dict(stats.lookups), stats.cross_partition_checked,
                    stats.cross_partition_keys)
-        try:
+        check = sampled_check.start(ctx, replica, source.get, shard, pids, rows.column(C.KEY), held - set(peeked),
+                                    fraction) if fraction else None
+        try:  # from the check's start: the replica stays open until its read of it is done
             inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
             if check is not None and (drifted := sampled_check.drifted(ctx, shard, check, stats)):
                 for pid in drifted:  # reloaded, and the records tagged again against them
                     replica.drop_partition(pid, invalidated=True)
                 _load_missing(ctx, replica, source, drifted, stats)
+                clock.lap("verify")
                 replica.lookups, stats.lookups, stats.cross_partition_checked, stats.cross_partition_keys = counted
                 inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
         finally:
-            if check is not None:  # the replica stays open until the check's read of it is done
+            if check is not None:
                 futures.wait([check])
                 clock.lap("verify")
         # Set aside, and the rest tagged again (their lookups counted once), until none is left.
