@@ -153,6 +153,7 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
                 "phases": phase_medians(reports), "modes": [r.mode for r in reports],
                 "write_tasks": [r.write_tasks for r in reports],
                 "write_busiest_share": [round(r.write_busiest_share, 2) for r in reports],
+                "files_marked_rewritten": [(r.files_marked, r.files_rewritten) for r in reports],
             }
         else:
             merge = SparkMerge(str(uri), careful=False, scope="global")  # ON the key: no partition to prune by

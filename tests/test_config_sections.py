@@ -7,6 +7,7 @@ import pytest
 
 from sink.config import SinkConfig, sections
 from sink.errors import ConfigError
+from sink.lakehouse.commit.writes import REWRITE_MARKED_SHARE
 from sink.tagging.task_context import task_context
 
 BASE = dict(table_uri="/data/t", key=["store", "sku"], partition_by=["store"], ordering=["ts", "seq"],
@@ -21,7 +22,7 @@ def test_each_section_holds_its_keys_typed():
     assert cfg.side_tables == sections.SideTablesSection("/data/t_quarantine", "/data/t_tombstones", 1800,
                                                          "/data/t_index_changelog", 1000)
     assert cfg.stream.incoming_wins_ties and cfg.stream.delete_when == "op = 'd'"
-    assert cfg.commit == sections.CommitSection("auto", "auto", False, 10, None, "/data/cp")
+    assert cfg.commit == sections.CommitSection("auto", "auto", False, 10, None, "/data/cp", 0.5)
     assert cfg.runtime.tags_on_driver("local[2]") and not cfg.runtime.tags_on_driver("local-cluster[2,1,1024]")
     assert cfg.history == sections.HistorySection(1, None, None)
 
@@ -33,6 +34,17 @@ def test_the_modes_are_literal_types_whose_values_the_checks_accept():
     accepted = r"commit_mode = 'always' is not accepted; accepted values: \['auto', 'merge-on-read', 'merge'\]"
     with pytest.raises(ConfigError, match=accepted):
         SinkConfig(**BASE, commit_mode="always")
+
+
+def test_the_rewrite_marked_share_option_defaults_to_what_the_commit_uses_without_it():
+    assert SinkConfig(**BASE).commit.rewrite_marked_share == REWRITE_MARKED_SHARE
+
+
+@pytest.mark.parametrize("share", [1.5, -0.1, "half", True, None])
+def test_a_rewrite_marked_share_outside_zero_to_one_names_the_key_and_the_range(share):
+    with pytest.raises(ConfigError, match=r"rewrite_marked_share must be a number from 0 \(rewrite every file a "
+                                          r"batch changes\) to 1 \(mark rows in it unless every row goes\), got "):
+        SinkConfig(**BASE, rewrite_marked_share=share)
 
 
 def test_a_section_checks_its_keys_when_the_config_is_made_and_when_changed_after():

@@ -159,6 +159,7 @@ class ExecutorTagger:
             incoming_wins_ties=cfg.incoming_wins_ties, partial=cfg.ignore_null_updates,
             output_schema=ctx.output_schema, files=snapshot, table_version=ctx.table_version, history=history,
             merge_on_read=self._target.update_mode() == MERGE_ON_READ,
+            rewrite_marked_share=self._target.rewrite_marked_share,
             change_data=self._target.change_data_feed(), column_mapping=self._target.column_mapping(),
             identity=self._target.written_identity(), tasks=ctx.num_shards, layout=self._target.file_layout(),
         )

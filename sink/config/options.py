@@ -206,6 +206,15 @@ class SinkOptions:
     without the `timestampNtz` feature: add the feature. Off: such a table is refused, with the
     statement that turns them on (a TIMESTAMP_NTZ column naming the column). No other commit
     of the sink changes the table's protocol."""
+    rewrite_marked_share: float = 0.5
+    """Merge-on-read: a file in which at least this share of the rows would be marked deleted
+    (by its deletion vector and the batch together) is rewritten instead: its other rows are
+    copied into the batch's new file and its deletion vector dropped. At 0.5 the copy costs no
+    more rows than are dead, and readers never read a file more than half dead that a batch
+    touched. `1`: mark always (a file whose every row goes is removed); `0`: rewrite every file
+    a batch changes, as copy-on-write. The batch line counts both (`files_marked`,
+    `files_rewritten`). Files no batch touches keep their marks: `OPTIMIZE` rewrites those more
+    than 5% marked, `REORG TABLE ... APPLY (PURGE)` all."""
     schema_evolution: str = "add_columns"
     """A stream column the table lacks: `"add_columns"` adds it (nullable) with the batch's commit,
     `"fail"` refuses the batch."""

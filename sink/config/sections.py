@@ -192,12 +192,17 @@ class CommitSection:
     max_commit_retries: int
     writer_id: str | None
     checkpoint_dir: str | None
+    rewrite_marked_share: float
 
     @classmethod
     def of(cls, cfg: SinkOptions) -> CommitSection:
         require_choice("engine", cfg.engine, ENGINES)
         require_choice("commit_mode", cfg.commit_mode, COMMIT_MODES)
         require_bool("allow_protocol_upgrade", cfg.allow_protocol_upgrade)
+        share = cfg.rewrite_marked_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ConfigError("rewrite_marked_share must be a number from 0 (rewrite every file a batch changes) "
+                              f"to 1 (mark rows in it unless every row goes), got {share!r}")
         require_int("max_commit_retries", cfg.max_commit_retries, 0, 100)
         if cfg.writer_id is not None:
             require_str("writer_id", cfg.writer_id)
@@ -207,7 +212,7 @@ class CommitSection:
                 "the writer id makes commits exactly-once and must change with the checkpoint"
             )
         return cls(cfg.engine, cfg.commit_mode, cfg.allow_protocol_upgrade, cfg.max_commit_retries, cfg.writer_id,
-                   cfg.checkpoint_dir)
+                   cfg.checkpoint_dir, float(share))
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,8 @@ class BatchReport:
     mode: str = "none"  # COMMIT_KINDS (append | rewrite | merge-on-read | merge), skipped (a replay) or none
     table_version: int | None = None
     merge_partitions: int = 0
+    files_marked: int = 0  # stored files whose rows the commit marked deleted (merge-on-read)
+    files_rewritten: int = 0  # stored files it replaced with new ones
     retries: int = 0
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # Summed over shards: time inside the tagging tasks (the rest of tag_seconds is Spark),
@@ -112,6 +114,7 @@ class BatchReport:
         self.mode = outcome.mode
         self.table_version = outcome.version
         self.merge_partitions = outcome.merge_partitions
+        self.files_marked, self.files_rewritten = outcome.files_marked, outcome.files_rewritten
         self.ops[UPDATE] -= outcome.unchanged
         self.ops[UNCHANGED] += outcome.unchanged
 
@@ -173,7 +176,9 @@ class BatchReport:
             f"moves={self.shard_moves} verified={self.verified_keys} "
             + (f"verify_mismatches={self.verify_mismatches} " if self.verify_mismatches else "")
             + f"mode={self.mode} "
-            f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
+            + (f"files_marked={self.files_marked} files_rewritten={self.files_rewritten} "
+               if self.files_marked or self.files_rewritten else "")
+            + f"version={self.table_version} tag_s={self.tag_seconds:.2f} "
             f"commit_s={self.commit_seconds:.2f} write_s={self.write_seconds:.2f} "
             + (f"write_tasks={self.write_tasks} busiest={self.write_busiest_share:.2f} " if self.write_tasks else "")
             + f"total_s={self.total_seconds:.2f} "

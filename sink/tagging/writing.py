@@ -35,7 +35,7 @@ from sink.lakehouse.commit import versions
 from sink.lakehouse.commit.actions import ChangeFile, MarkedFile, Rewrite, StoredFile, WrittenFile, summed_changes
 from sink.lakehouse.commit.rewrite import rewrite_files
 from sink.lakehouse.commit.shares import Share
-from sink.lakehouse.commit.writes import PARTIAL_COLUMN, WRITE_COLUMN, Writes, changing
+from sink.lakehouse.commit.writes import PARTIAL_COLUMN, REWRITE_MARKED_SHARE, WRITE_COLUMN, Writes, changing
 from sink.tagging.classify import TOMBSTONE
 from sink.tagging.history_writes import HistoryBatch, history_writes
 
@@ -67,6 +67,7 @@ class WriteContext:
     # A history table's batch (scd_type 2): the writes are its events (HISTORY_EVENT).
     history: HistoryBatch | None = None
     merge_on_read: bool = False  # replaced rows are marked in deletion vectors (sink.lakehouse.commit.merge_on_read)
+    rewrite_marked_share: float = REWRITE_MARKED_SHARE  # a file marked this much is rewritten instead
     change_data: bool = False  # the table has a change data feed: its files are written too
     column_mapping: ColumnMapping | None = None  # the table's: its files' column names
     # The identity columns whose values new rows get, drawn by each of the `tasks` writing
@@ -104,7 +105,7 @@ def write_batches(ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Itera
         identity = IdentityValues(ctx.identity, stride=ctx.tasks, offset=TaskContext.get().partitionId())
     writes = Writes(rows.select(columns), ctx.schema, list(ctx.key_cols), list(ctx.ordering), list(ctx.partition_by),
                     ctx.incoming_wins_ties, None, ctx.merge_on_read, ctx.change_data, ctx.column_mapping, identity,
-                    ctx.layout)
+                    ctx.layout, ctx.rewrite_marked_share)
     share = Share(TaskContext.get().partitionId(), ctx.tasks) if ctx.shares else None
     rewrite = rewrite_files(ctx.table_uri, ctx.stored_files(), writes, share=share, divide=False)
     changed = len(pc.unique(writes.partition_ids().filter(changing(writes.rows))))

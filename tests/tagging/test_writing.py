@@ -1,15 +1,17 @@
 """The file-writing task: the files Spark tasks write, committed by the driver, give the table the
 driver's own rewrite gives; rows without a write pass through to the driver."""
 
+import dataclasses
 import json
 import random
 
 import pyarrow as pa
 import pytest
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from sink import columns as C
+from sink.delta_log import metadata_commit
 from sink.lakehouse.commit import actions, rewrite
 from sink.routing import tagged_schema
 from sink.tagging.writing import FILE_OP, WriteContext, read_written, write_batches
@@ -67,6 +69,27 @@ def test_files_written_by_tasks_give_the_table_the_drivers_rewrite_gives(tmp_pat
         assert sum(written.task_seconds) == pytest.approx(written.seconds)
         assert written.rewrite.unchanged == done.unchanged  # no-op updates, counted where they are found
         assert contents(by_tasks) == contents(by_driver), f"after batch {batch}"
+
+
+def live_contents(path):
+    """The table's rows as delta-rs' query engine reads them: deletion vectors applied."""
+    read = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t").read_all()
+    return sorted(pa.table(read).to_pylist(), key=lambda r: (r["day"], r["k1"], r["k2"]))
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0], ids=["every-file-rewritten", "every-file-marked"])
+def test_a_writing_task_marks_or_rewrites_each_file_by_the_share_it_is_given(tmp_path, share):
+    by_driver, by_task = str(tmp_path / "driver"), str(tmp_path / "task")
+    stored = seeded(by_driver)
+    seeded(by_task)
+    metadata_commit.enable_deletion_vectors(DeltaTable(by_task), by_task)
+    records = random_batch(random.Random(5), len(stored), by_driver)
+    commit_rewrite(by_driver, writes_of(records, partial=True))
+    ctx = dataclasses.replace(context(by_task, partial=True), merge_on_read=True, rewrite_marked_share=share)
+    written = commit(by_task, run_tasks(ctx, [tagged(records)]))
+    changed = len(written.rewrite.removes)
+    assert changed and written.rewrite.files_changed == ((0, changed) if share == 0.0 else (changed, 0))
+    assert live_contents(by_task) == contents(by_driver)
 
 
 def test_rows_without_a_write_pass_through_and_tombstones_are_not_written(tmp_path):

@@ -90,6 +90,12 @@ class Rewrite:
         return not (self.adds or self.removes)
 
     @property
+    def files_changed(self) -> tuple[int, int]:
+        """The stored files whose rows it marks deleted, and those it replaces with new files or
+        (every row deleted) removes."""
+        return len(self.marked), len(self.removes) - len(self.marked)
+
+    @property
     def partitions_rewritten(self) -> int:
         """Partitions whose files it replaces."""
         return len({tuple(sorted(f.partition_values.items())) for f in self.removes})

@@ -60,8 +60,8 @@ def write_file(fs: pafs.FileSystem, root: str, rows: pa.Table, values: Mapping[s
     `dictionary`: the columns to dictionary-encode (`_dictionary_columns`); under a column
     `mapping` the file and its stats name the columns by physical name. Its rows are held for
     the next batch (`file_cache.WRITTEN`), or, given what it is probed for (`probe`: a
-    merge-on-read batch marks rows, it rewrites no file), its sorted keys and orderings alone
-    (`file_cache.PROBED`)."""
+    merge-on-read batch marks rows, and rewrites a file only once half its rows are marked),
+    its sorted keys and orderings alone (`file_cache.PROBED`)."""
     data = rows.select(data_schema.names)
     stored = data if mapping is None else mapping.to_physical(data)
     if mapping is not None:

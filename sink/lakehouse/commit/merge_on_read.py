@@ -1,6 +1,7 @@
 """Merge-on-read: a stored file is kept, the rows the batch replaces or deletes marked deleted
-by a new deletion vector (`Mark`); the vectors of a batch written in one file, each paired
-with its file and the stats a file with a deletion vector carries."""
+by a new deletion vector (`Mark`), unless enough of its rows would be marked that it is
+rewritten instead (`rewrites`); the vectors of a batch written in one file, each paired with
+its file and the stats a file with a deletion vector carries."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ from sink.lakehouse.commit import file_cache
 from sink.lakehouse.commit.actions import MarkedFile, StoredFile
 
 
+def rewrites(marked: int, physical_rows: int, rewrite_marked_share: float) -> bool:
+    """Whether merge-on-read rewrites a file rather than marking rows in it: once the rows
+    marked deleted after the batch (`marked`: its deletion vector's and the batch's) reach
+    `rewrite_marked_share` of its `physical_rows` (the option's; default
+    `writes.REWRITE_MARKED_SHARE`). Copying the rest then costs no more rows
+    than are dead (at the default, half of them), and readers stop reading dead rows; a file
+    whose every row goes is removed, whatever the share."""
+    return marked >= physical_rows or marked >= rewrite_marked_share * physical_rows
+
+
 @dataclass(frozen=True)
 class Mark:
     """Merge-on-read: a stored file's rows to delete from now on, old deletion vector included."""
@@ -35,18 +46,12 @@ class Mark:
 def store_marks(fs: pafs.FileSystem, root: str, marks: Sequence[Mark], mapping: ColumnMapping | None,
                  layout: FileLayout) -> list[MarkedFile]:
     """Write the marks' deletion vectors (one file for all of them) and pair them with their
-    files; a file whose every row is deleted is only removed (its remove is already listed)."""
-    kept = []
-    for m in marks:
-        if len(m.rows) < m.physical_rows:
-            kept.append(m)
-        else:  # no snapshot after this batch's names it
-            file_cache.PROBED.discard(file_location(root, m.stored.path))
-    if not kept:
+    files (a mark leaves a row of its file: one whose every row goes is rewritten, `rewrites`)."""
+    if not marks:
         return []
-    descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in kept])
+    descriptors = deletion_vectors.write_file(fs, root, [m.rows for m in marks])
     out = []
-    for m, d in zip(kept, descriptors):
+    for m, d in zip(marks, descriptors):
         location = file_location(root, m.stored.path)
         held = file_cache.PROBED.get(location)
         if held is not None:

@@ -13,12 +13,13 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyroaring import BitMap64
 
+from sink.delta_log import deletion_vectors
 from sink.lakehouse.commit.actions import Rewrite, StoredFile
 from sink.lakehouse.commit.change_data import CHANGE_INSERT, change_table, write_change_file
 from sink.lakehouse.commit.data_files import ProbeColumns, write_partition_files
 from sink.lakehouse.commit.file_changes import FileChange
 from sink.lakehouse.commit.key_hits import FoundFile, file_key_columns
-from sink.lakehouse.commit.merge_on_read import Mark
+from sink.lakehouse.commit.merge_on_read import Mark, rewrites
 from sink.lakehouse.commit.shares import Share
 from sink.lakehouse.commit.writes import (
     DELETE,
@@ -65,7 +66,8 @@ def _partition_tables(rows: pa.Table, found: Sequence[FoundFile], decided: Seque
                       writes: Writes, share: Share | None = None) -> PartitionWrites:
     """One partition: the tables to write (rewritten files, then new keys), the files they
     replace, the no-op updates, (merge-on-read) the files whose rows are marked deleted
-    instead, their new row versions written with the new keys, and (`writes.change_data`) the
+    instead (but those marked enough to be rewritten, `rewrites`), their new row versions
+    written with the new keys, and (`writes.change_data`) the
     rows of its change data feed. Of a `share`: the files it owns (their counts too), the new
     rows of its keys."""
     if share is not None and (writes.change_data or writes.identity is not None):
@@ -93,12 +95,14 @@ def _partition_tables(rows: pa.Table, found: Sequence[FoundFile], decided: Seque
         if writes.change_data:
             change_rows.extend(change.change_rows(stored))
         replaced = [change.replaced] if owned is None else []
-        if writes.merge_on_read:
+        marked = len(deleted) + len(change.gone)  # the batch's rows are live ones: none of them in `deleted`
+        if writes.merge_on_read and not rewrites(marked, stored.num_rows, writes.rewrite_marked_share):
             marks.append(Mark(f, deleted | BitMap64(change.gone.tolist()), stored.num_rows, stored.metadata))
             outputs.extend(replaced)
         else:
             kept = np.ones(stored.num_rows, bool)
             kept[change.gone] = False
+            kept[deletion_vectors.positions(deleted)] = False
             outputs.append(pa.concat_tables([stored.read().filter(pa.array(kept)), *replaced]))
     # New keys, and updates of keys no file holds, are new rows (the MERGE inserts them too).
     new_keys = pc.and_(pa.array(~matched), pc.not_equal(rows.column(WRITE_COLUMN), DELETE))

@@ -148,12 +148,13 @@ def rewrite_files(uri: str, snapshot: Mapping[str, list[StoredFile]], writes: Wr
             done = list(pool.map(write, jobs))
         finally:  # what the probes read is held for the next batch (`StoredRows.hold`)
             list(pool.map(lambda p: p[1].close(), probes))
-    if not writes.merge_on_read:  # the files replaced: their rows live on in the new files
-        for r, _ in done:
-            for f in r.removes:
+    marks = [m for _, partition_marks in done for m in partition_marks]
+    marked = {m.stored.path for m in marks}
+    for r, _ in done:  # the files replaced (not marked): their rows live on in the new files
+        for f in r.removes:
+            if f.path not in marked:
                 for cache in (file_cache.WRITTEN, file_cache.PROBED):
                     cache.discard(file_location(root, f.path))
-    marks = [m for _, partition_marks in done for m in partition_marks]
     return Rewrite([a for r, _ in done for a in r.adds], [f for r, _ in done for f in r.removes],
                    sum(r.unchanged for r, _ in done),
                    store_marks(fs, root, marks, writes.column_mapping, writes.layout),

@@ -23,6 +23,9 @@ WRITE_COLUMN = "__sink_write"
 # ignore_null_updates: on an update, whether its null columns keep the stored values.
 PARTIAL_COLUMN = "__sink_partial"
 INSERT, UPDATE, DELETE = "insert", "update", "delete"
+# The share of a file's rows marked deleted from which merge-on-read rewrites the file instead
+# (the option `rewrite_marked_share`; sink.lakehouse.commit.merge_on_read.rewrites).
+REWRITE_MARKED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class Writes:
     new columns included) plus WRITE_COLUMN (insert/update/delete) and, for partial updates,
     PARTIAL_COLUMN. Committed with `props` (the app transaction; no retries; None in the Spark
     tasks that write a batch's files, whose driver commits them). `merge_on_read`: replaced
-    and deleted rows are marked in deletion vectors, not rewritten; `change_data`: the table
+    and deleted rows are marked in deletion vectors, not rewritten, but in a file where at
+    least `rewrite_marked_share` of the rows would be marked (then rewritten); `change_data`: the table
     has a change data feed, whose files the rewrite writes (sink.lakehouse.commit.change_data);
     `column_mapping`: the table's, under which its files are read and written; `identity`: the
     values for the table's identity columns in new rows (updated rows keep the stored ones)."""
@@ -48,6 +52,7 @@ class Writes:
     column_mapping: ColumnMapping | None = None
     identity: IdentityValues | None = None
     layout: FileLayout = DEFAULT_LAYOUT  # what the table's properties ask of new files
+    rewrite_marked_share: float = REWRITE_MARKED_SHARE
 
     @property
     def partial(self) -> bool:

@@ -32,6 +32,7 @@ from sink.errors import ConfigError, UnsupportedTableError
 from sink.lakehouse.commit import actions, rewrite, versions
 from sink.lakehouse.commit.writes import (
     PARTIAL_COLUMN,
+    REWRITE_MARKED_SHARE,
     WRITE_COLUMN,
     Writes,
     changing,
@@ -61,21 +62,22 @@ class CommitOutcome:
     version: int
     merge_partitions: int  # partitions holding updated or deleted keys
     unchanged: int = 0  # updates that changed nothing: the stored row already held them
+    files_marked: int = 0  # stored files whose rows it marked deleted (merge-on-read)
+    files_rewritten: int = 0  # stored files it replaced with new ones
 
 
 class DeltaTarget(UpdateModes):
     """The target table, as seen by one sink; how its updates commit: `UpdateModes`."""
 
     def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
-                 allow_protocol_upgrade: bool = False, checks_rows: bool = False):
+                 allow_protocol_upgrade: bool = False, checks_rows: bool = False,
+                 rewrite_marked_share: float = REWRITE_MARKED_SHARE):
         """`checks_rows`: the batch checks every row it writes against the table's CHECK
         constraints, invariants and generated columns (`features.row_checks`) before it is
-        written, so those need no MERGE."""
-        self.uri = uri
-        self.partition_by = list(partition_by)
-        self.commit_mode = commit_mode
-        self.allow_protocol_upgrade = allow_protocol_upgrade
-        self.checks_rows = checks_rows
+        written, so those need no MERGE. `rewrite_marked_share`: see `Writes`."""
+        self.uri, self.partition_by, self.commit_mode = uri, list(partition_by), commit_mode
+        self.allow_protocol_upgrade, self.checks_rows = allow_protocol_upgrade, checks_rows
+        self.rewrite_marked_share = rewrite_marked_share
         self._dt: DeltaTable | None = None
         self._merge_reason: str | None = None  # logged once per reason
         self._vectors = LiveDeletionVectors(uri)
@@ -223,7 +225,7 @@ class DeltaTarget(UpdateModes):
         writes = Writes(rows, schema, list(key_cols), columns_of(ordering), self.partition_by, incoming_wins_ties,
                         props, merge_on_read=mode == MERGE_ON_READ, change_data=self.change_data_feed(),
                         column_mapping=self.column_mapping(), identity=IdentityValues(identity) if identity else None,
-                        layout=self.file_layout())
+                        layout=self.file_layout(), rewrite_marked_share=self.rewrite_marked_share)
         if mode == "append" and not identity and self.appends_through_delta_rs(writes.layout):
             append.commit(self.table, writes)
             self.refresh()
@@ -231,11 +233,11 @@ class DeltaTarget(UpdateModes):
         partitions = distinct_partitions(rows.filter(updating), self.partition_by)
         if mode in ("append", "rewrite", MERGE_ON_READ):  # an append that generates identity values too
             done = rewrite.commit(self.table, self.uri, writes, self.stored_files(), vectors=self._vectors)
-            unchanged = done.unchanged
+            unchanged, files = done.unchanged, done.files_changed
         else:
-            unchanged = merge.commit(self.table, writes, partitions)
+            unchanged, files = merge.commit(self.table, writes, partitions), (0, 0)
         self._record_batch(app_id, batch_id, writes.schema, props)
-        return CommitOutcome(mode, self._after_commit(app_id, batch_id, before), len(partitions), unchanged)
+        return CommitOutcome(mode, self._after_commit(app_id, batch_id, before), len(partitions), unchanged, *files)
 
     def commit_source(self, source: DataFrame, partitions: Sequence[Mapping[str, str]], updates: int, *,
                       key_cols: Sequence[str], ordering: Sequence[str], partial: bool, incoming_wins_ties: bool,
@@ -276,7 +278,8 @@ class DeltaTarget(UpdateModes):
         rewrite.commit_rewrite(self.table, self.uri, written, self.stored_files(), schema, self.partition_by, props,
                                vectors=self._vectors)
         self._record_batch(app_id, batch_id, schema, props)
-        return CommitOutcome(mode, self._after_commit(app_id, batch_id, before), partitions_changed, written.unchanged)
+        return CommitOutcome(mode, self._after_commit(app_id, batch_id, before), partitions_changed, written.unchanged,
+                             *written.files_changed)
 
     def commit_history(self, writes: versions.HistoryWrites, app_id: str, batch_id: int,
                        custom_metadata: Mapping[str, str], added_columns: Sequence[pa.Field] = (),
@@ -309,7 +312,7 @@ class DeltaTarget(UpdateModes):
                                vectors=self._vectors)
         self._record_batch(app_id, batch_id, writes.schema, props)
         landed = self._after_commit(app_id, batch_id, before)
-        return CommitOutcome(mode, landed, done.rewrite.partitions_rewritten), done
+        return CommitOutcome(mode, landed, done.rewrite.partitions_rewritten, 0, *done.rewrite.files_changed), done
 
     def _schema_adding(self, added_columns: Sequence[pa.Field]) -> tuple[list[pa.Field], pa.Schema]:
         """Of the batch's new columns, those the table still lacks, and its schema with them."""

@@ -79,12 +79,10 @@ class DeltaSparkTarget(DeltaTarget):
     Spark session (`attach`) where delta-rs cannot, or (`spark_writes = "merges"`) should not."""
 
     def __init__(self, uri: str, partition_by: Sequence[str], commit_mode: str = "auto", *,
-                 allow_protocol_upgrade: bool = False, checks_rows: bool = False,
-                 spark_writes: SparkWrites = "merges", generates_identity: bool = False):
+                 spark_writes: SparkWrites = "merges", generates_identity: bool = False, **options):
         """`generates_identity`: the sink's own commits may write a table with identity columns
-        (its batches' rows are the records: not a history table's)."""
-        super().__init__(uri, partition_by, commit_mode, allow_protocol_upgrade=allow_protocol_upgrade,
-                         checks_rows=checks_rows)
+        (its batches' rows are the records: not a history table's); `options`: DeltaTarget's."""
+        super().__init__(uri, partition_by, commit_mode, **options)
         self._spark_writes = spark_writes
         self._generate_identity = generates_identity
         self._spark: SparkSession | None = None  # None: delta-rs writes all (auto, no Delta in the session)

@@ -27,6 +27,9 @@ class DeltaEngine(Protocol):
     """The target table as one sink sees it. Every commit carries the app transaction
     (app_id, batch_id) and lands on the version last read, or raises CommitFailedError."""
 
+    # Merge-on-read rewrites a file once this share of its rows would be marked (Writes').
+    rewrite_marked_share: float
+
     @property
     def table(self) -> DeltaTable:
         """The table at the version last read, for reads (delta-rs reads what either engine writes)."""
@@ -127,7 +130,8 @@ class DeltaEngine(Protocol):
 def delta_engine(config: SinkConfig) -> DeltaEngine:
     """The engine `config.engine` names; "auto" is delta-rs where it can write the table and
     Spark where it cannot, when the session has Delta's extension."""
-    options = dict(allow_protocol_upgrade=config.allow_protocol_upgrade, checks_rows=config.writes_records_as_rows)
+    options = dict(allow_protocol_upgrade=config.allow_protocol_upgrade, checks_rows=config.writes_records_as_rows,
+                   rewrite_marked_share=config.commit.rewrite_marked_share)
     if config.engine == "deltalake":
         return DeltaTarget(config.table_uri, config.partition_by, config.commit_mode, **options)
     return DeltaSparkTarget(config.table_uri, config.partition_by, config.commit_mode, **options,

@@ -17,6 +17,7 @@ from sink import ConstraintViolationError, SinkConfig, UpsertSink
 from sink.delta_log import log_commit
 from sink.delta_log.contract import Contract
 from sink.delta_log.live_vectors import LiveDeletionVectors
+from sink.lakehouse.commit.merge_on_read import rewrites
 from sink.lakehouse.commit.writes import commit_properties
 from sink.lakehouse.engines.delta_rs import DeltaTarget
 from tests.lakehouse.spark_sql_tables import (
@@ -62,6 +63,14 @@ def log_actions(uri: str, version: int) -> list[dict]:
     return [json.loads(line) for line in (Path(uri) / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
 
 
+@pytest.mark.parametrize("marked, physical, share, rewritten", [
+    (4, 10, 0.5, False), (5, 10, 0.5, True), (9, 10, 1.0, False), (10, 10, 1.0, True), (1, 10, 0.0, True),
+    (1, 3, 0.34, False), (2, 3, 0.34, True),
+])
+def test_a_file_is_rewritten_once_its_marked_rows_reach_the_share(marked, physical, share, rewritten):
+    assert rewrites(marked, physical, share) is rewritten
+
+
 @pytest.mark.connect(tag_on="executors")  # the writing tasks in a Connect server's executors
 @pytest.mark.parametrize("tag_on", ["driver", "executors"])
 def test_a_stream_on_a_deletion_vector_table_marks_rows_and_reads_as_the_oracle(spark, tmp_path, tag_on):
@@ -85,13 +94,19 @@ def test_a_stream_on_a_deletion_vector_table_marks_rows_and_reads_as_the_oracle(
     history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'MERGE'").collect()
     assert len(history) == 5 and all(json.loads(h.userMetadata)["upsert_sink.commit"] == "merge-on-read"
                                       for h in history)
-    # No stored file was rewritten: every file a batch removed is added back with its new vector,
-    # or was entirely deleted.
+    # Every batch marked rows: a file it removed is added back with its new vector, or was
+    # rewritten (half its rows marked, rewrite_marked_share) or entirely deleted.
     for version in (h.version for h in history):
         actions = log_actions(uri, version)
         removed = {a["remove"]["path"] for a in actions if "remove" in a}
         readded = {a["add"]["path"] for a in actions if "add" in a and "deletionVector" in a["add"]}
         assert readded <= removed and readded, f"version {version}"
+    for r in sink.reports:  # the batch line's counts are its commit's
+        actions = log_actions(uri, r.table_version)
+        removed = {a["remove"]["path"] for a in actions if "remove" in a}
+        readded = {a["add"]["path"] for a in actions if "add" in a and "deletionVector" in a["add"]}
+        assert (r.files_marked, r.files_rewritten) == (len(readded), len(removed - readded)) != (0, 0)
+        assert f"files_marked={r.files_marked} files_rewritten={r.files_rewritten} " in r.summary()
     assert any(p.name.endswith(".checkpoint.parquet") for p in (Path(uri) / "_delta_log").iterdir())
 
 

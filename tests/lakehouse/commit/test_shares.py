@@ -85,9 +85,10 @@ def _together(done: list[Rewrite]) -> Rewrite:
                    [], summed_changes(r.row_changes for r in done))
 
 
-@pytest.mark.parametrize("merge_on_read", [False, True], ids=["copy-on-write", "merge-on-read"])
+@pytest.mark.parametrize("merge_on_read, rewrite_marked_share", [(False, 0.5), (True, 0.5), (True, 0.0)],
+                         ids=["copy-on-write", "merge-on-read", "merge-on-read-rewriting-every-file"])
 @pytest.mark.parametrize("seed", range(3))
-def test_shares_written_apart_commit_the_table_the_merge_gives(tmp_path, seed, merge_on_read):
+def test_shares_written_apart_commit_the_table_the_merge_gives(tmp_path, seed, merge_on_read, rewrite_marked_share):
     """What Spark's writing tasks do for an unpartitioned table: each has every write and
     writes its share; the driver commits their files together."""
     oracle, shared = str(tmp_path / "merge"), str(tmp_path / "shared")
@@ -98,7 +99,7 @@ def test_shares_written_apart_commit_the_table_the_merge_gives(tmp_path, seed, m
     for batch in range(1, 5):
         w = batch_of(rng, oracle, batch, partial=seed == 1)
         w = Writes(w.rows, w.schema, w.key_cols, w.ordering, w.partition_by, w.incoming_wins_ties, w.props,
-                   merge_on_read=merge_on_read)
+                   merge_on_read=merge_on_read, rewrite_marked_share=rewrite_marked_share)
         merge.commit(DeltaTable(oracle), w, [])
         target.refresh()
         table, snapshot = target.table, target.stored_files()  # with the vectors its files carry
@@ -108,6 +109,9 @@ def test_shares_written_apart_commit_the_table_the_merge_gives(tmp_path, seed, m
         # Each file changed by one share, as by the undivided write; the counts add up to its.
         changed = [f.path for f in together.removes]
         assert sorted(changed) == sorted(f.path for f in whole.removes) and len(set(changed)) == len(changed)
+        assert together.files_changed == whole.files_changed
+        if rewrite_marked_share == 0.0:
+            assert not together.marked
         assert together.row_changes == whole.row_changes and together.unchanged == whole.unchanged
         rewrite.commit_rewrite(table, shared, together, snapshot, SCHEMA, [], w.props)
         assert contents(shared) == contents(oracle), f"after batch {batch}"

@@ -164,7 +164,8 @@ def test_batch_zero_merge_is_one_commit(target):
 
 def test_merge_on_read_turns_deletion_vectors_on_in_an_existing_table_only_when_allowed(tmp_path, caplog):
     uri = str(tmp_path / "t")
-    stored = rows(("a", "d1", 1, "x", "insert"), ("b", "d1", 1, "x", "insert")).drop_columns([WRITE_COLUMN])
+    stored = rows(("a", "d1", 1, "x", "insert"), ("b", "d1", 1, "x", "insert"),
+                  ("c", "d1", 1, "x", "insert")).drop_columns([WRITE_COLUMN])
     write_deltalake(uri, stored, partition_by=["dt"])
     with pytest.raises(ConfigError, match=r"commit_mode = 'merge-on-read' needs deletion vectors, which table .* "
                                           r"does not write: turn them on \(ALTER TABLE .* SET TBLPROPERTIES "
@@ -177,8 +178,49 @@ def test_merge_on_read_turns_deletion_vectors_on_in_an_existing_table_only_when_
     assert "turning deletion vectors on" in caplog.text
     assert "deletionVectors" in DeltaTable(uri).protocol().reader_features
     assert commit(target, rows(("a", "d1", 2, "y", "update")), 0).mode == "merge-on-read"
-    assert [(r["id"], r["v"]) for r in contents(uri)] == [("a", "y"), ("b", "x")]
-    assert pa.table(DeltaTable(uri).deletion_vectors()).column("selection_vector").to_pylist() == [[False, True]]
+    assert [(r["id"], r["v"]) for r in contents(uri)] == [("a", "y"), ("b", "x"), ("c", "x")]
+    assert pa.table(DeltaTable(uri).deletion_vectors()).column("selection_vector").to_pylist() == [
+        [False, True, True]]
+
+
+def live_vectors(uri):
+    """Per live file with a deletion vector: its rows' selection (False: deleted)."""
+    return pa.table(DeltaTable(uri).deletion_vectors()).column("selection_vector").to_pylist()
+
+
+@pytest.mark.parametrize("share, first, second", [
+    (0.5, (1, 0), (0, 1)),  # 3 of 10 marked, then 3 + 2 = half: rewritten
+    (1.0, (1, 0), (1, 0)),  # marked while a row stays
+    (0.0, (0, 1), (0, 1)),  # every changed file rewritten, as copy-on-write
+])
+def test_merge_on_read_rewrites_a_file_once_its_marked_share_reaches_the_option(tmp_path, share, first, second):
+    target = DeltaTarget(str(tmp_path / "t"), ["dt"], "merge-on-read", rewrite_marked_share=share)
+    target.open_or_create(SCHEMA, CONTRACT)
+    keys = [f"k{i}" for i in range(10)]
+    expected = {k: "x" for k in keys}
+
+    def table_rows():  # a row copied twice, or an old version copied along, shows as a pair
+        return sorted((r["id"], r["v"]) for r in contents(target.uri))
+
+    commit(target, rows(*[(k, "d1", 1, "x", "insert") for k in keys]), 0)
+    out = commit(target, rows(("k0", "d1", 2, "y", "update"), ("k1", "d1", 2, "y", "update"),
+                              ("k2", "d1", 2, "", "delete")), 1)
+    expected.update(k0="y", k1="y")
+    del expected["k2"]
+    assert (out.mode, (out.files_marked, out.files_rewritten)) == ("merge-on-read", first)
+    assert table_rows() == sorted(expected.items())
+    out = commit(target, rows(("k3", "d1", 3, "z", "update"), ("k4", "d1", 3, "", "delete")), 2)
+    expected["k3"] = "z"
+    del expected["k4"]
+    assert (out.files_marked, out.files_rewritten) == second
+    assert table_rows() == sorted(expected.items())
+    # The first file's rows k0..k4 are gone: marked in its vector, or copied out of it.
+    assert live_vectors(target.uri) == ([[False] * 5 + [True] * 5] if second == (1, 0) else [])
+    # A file whose every row goes is removed at any share: no vector deletes all of a file.
+    files = len(DeltaTable(target.uri).file_uris())
+    out = commit(target, rows(*[(k, "d1", 4, "", "delete") for k in expected]), 3)
+    assert (out.files_marked, out.files_rewritten) == (0, files)
+    assert not contents(target.uri) and not DeltaTable(target.uri).file_uris()
 
 
 def test_the_sink_creates_its_table_only_in_a_new_or_empty_folder(tmp_path):
