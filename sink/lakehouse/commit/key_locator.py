@@ -141,15 +141,13 @@ class MergedKeys:
         if not runs:
             return self
         starts = np.concatenate([self.starts, self.starts[-1] + np.cumsum([r.num_rows for _, r in runs])])
-        numbered = np.concatenate([np.zeros(0, np.int64), *(r.rows.astype(np.int64) + start
-                                                            for (_, r), start in zip(runs, starts[len(self.files):]))])
-        keys = pa.chunked_array([r.sorted_keys for _, r in runs], type=runs[0][1].sorted_keys.type).combine_chunks()
-        tier = KeyLocator.of(keys, numbered)
+        located = [r for _, r in runs]
+        tier = _sorted_together(located, [r.rows.astype(np.int64) + start
+                                          for r, start in zip(located, starts[len(self.files):])])
         tiers = [*self.tiers, tier] if tier.num_rows else list(self.tiers)
         while len(tiers) > 1 and tiers[-1].num_rows * TIER_RATIO >= tiers[-2].num_rows:
             newest, before = tiers.pop(), tiers.pop()
-            tiers.append(KeyLocator.of(pa.chunked_array([before.sorted_keys, newest.sorted_keys]).combine_chunks(),
-                                       np.concatenate([before.rows, newest.rows])))
+            tiers.append(_sorted_together([before, newest], [before.rows, newest.rows]))
         return MergedKeys((*self.files, *(f for f, _ in runs)), starts.astype(np.int64), tuple(tiers))
 
     def keeping(self, files: Collection[str]) -> MergedKeys | None:
@@ -186,3 +184,10 @@ class MergedKeys:
 
     def get_total_buffer_size(self) -> int:
         return sum(tier.get_total_buffer_size() for tier in self.tiers) + self.starts.nbytes
+
+
+def _sorted_together(runs: Sequence[KeyLocator], rows: Sequence[np.ndarray]) -> KeyLocator:
+    """The keys of sorted `runs`, numbered `rows` (each run's, renumbered as the caller needs),
+    sorted into one locator: a sort, not a merge (see TIER_RATIO)."""
+    keys = pa.chunked_array([r.sorted_keys for r in runs], type=runs[0].sorted_keys.type).combine_chunks()
+    return KeyLocator.of(keys, np.concatenate([np.zeros(0, np.int64), *rows]))
