@@ -105,6 +105,10 @@ QUERY_FAILURES = Counter(
 )
 TABLE_VERSION = Gauge("upsert_sink_table_version", "Delta version of the latest commit", _LABEL)
 COMMITS = Counter("upsert_sink_commits", "Delta commits by mode", [*_LABEL, "mode"])
+FILES_CHANGED = Counter(
+    "upsert_sink_files_changed", "Stored files the commits changed: rows marked in a deletion vector (marked), or the "
+    "file replaced by a new one or removed (rewritten)", [*_LABEL, "how"],
+)
 COMMIT_RETRIES = Counter("upsert_sink_commit_retries", "Commits retried after a conflict", _LABEL)
 BATCHES_SKIPPED = Counter(
     "upsert_sink_batches_skipped", "Batches skipped as already committed", _LABEL
@@ -159,6 +163,8 @@ def start(sink: str, ops: Iterable[str]) -> None:
         counter.labels(sink)
     for mode in COMMIT_KINDS:
         COMMITS.labels(sink, mode)
+    for how in ("marked", "rewritten"):
+        FILES_CHANGED.labels(sink, how)
     for outcome in placement.WITHOUT_PARTITION:
         WITHOUT_PARTITION.labels(sink, outcome)
     for op in ops:
@@ -210,6 +216,8 @@ def publish(sink: str, report) -> None:
         CACHED_BYTES.labels(sink).set(report.cached_bytes)
     if report.mode in COMMIT_KINDS:
         COMMITS.labels(sink, report.mode).inc()
+    FILES_CHANGED.labels(sink, "marked").inc(report.files_marked)
+    FILES_CHANGED.labels(sink, "rewritten").inc(report.files_rewritten)
     for quantile, seconds in (report.freshness or {}).items():
         FRESHNESS.labels(sink, quantile).set(seconds)
     if report.table_version is not None:

@@ -117,6 +117,8 @@ max_files_per_trigger = 1
         ("upsert_sink_index_load_failures_total", "sink"): {SINK: 0},
         ("sum by (result) (upsert_sink_index_lookups_total{SINK})", "result"): {"hit": 70, "miss": 130},
         ("upsert_sink_commits_total", "mode"): {"append": 1, "rewrite": 1, "merge-on-read": 0, "merge": 0},
+        # Batch 1 rewrote the file of each of the 3 days batch 0 appended.
+        ("upsert_sink_files_changed_total", "how"): {"marked": 0, "rewritten": 3},
         ("upsert_sink_table_version", "sink"): {SINK: 2},
     }
     for (name, label), values in expected.items():
