@@ -199,10 +199,8 @@ class CommitSection:
         require_choice("engine", cfg.engine, ENGINES)
         require_choice("commit_mode", cfg.commit_mode, COMMIT_MODES)
         require_bool("allow_protocol_upgrade", cfg.allow_protocol_upgrade)
-        share = cfg.rewrite_marked_share
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
-            raise ConfigError("rewrite_marked_share must be a number from 0 (rewrite every file a batch changes) "
-                              f"to 1 (mark rows in it unless every row goes), got {share!r}")
+        require_fraction("rewrite_marked_share", cfg.rewrite_marked_share, at_0="rewrite every file a batch changes",
+                         at_1="mark rows in it unless every row goes")
         require_int("max_commit_retries", cfg.max_commit_retries, 0, 100)
         if cfg.writer_id is not None:
             require_str("writer_id", cfg.writer_id)
@@ -212,7 +210,7 @@ class CommitSection:
                 "the writer id makes commits exactly-once and must change with the checkpoint"
             )
         return cls(cfg.engine, cfg.commit_mode, cfg.allow_protocol_upgrade, cfg.max_commit_retries, cfg.writer_id,
-                   cfg.checkpoint_dir, float(share))
+                   cfg.checkpoint_dir, float(cfg.rewrite_marked_share))
 
 
 @dataclass(frozen=True)
@@ -346,9 +344,10 @@ def require_hours(name: str, value: object, high: int) -> None:
                           f"allowed (0.5 = 30 minutes), got {value!r}")
 
 
-def require_fraction(name: str, value: object) -> None:
+def require_fraction(name: str, value: object, *, at_0: str = "off", at_1: str = "every key") -> None:
+    """A number from 0 to 1; the error says what each end means (`at_0`, `at_1`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ConfigError(f"{name} must be a number from 0 (off) to 1 (every key), got {value!r}")
+        raise ConfigError(f"{name} must be a number from 0 ({at_0}) to 1 ({at_1}), got {value!r}")
 
 
 def require_int(name: str, value: object, low: int, high: int) -> None:
