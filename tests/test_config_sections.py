@@ -20,7 +20,7 @@ def test_each_section_holds_its_keys_typed():
     assert cfg.table.tombstone_columns == ["store", "sku", "ts", "seq"]  # the key's partition column once
     assert (cfg.index.hot_cache_entries, cfg.index.block_cache_bytes) == (5, 64 << 20)
     assert cfg.side_tables == sections.SideTablesSection("/data/t_quarantine", "/data/t_tombstones", 1800,
-                                                         "/data/t_index_changelog", 1000)
+                                                         "/data/t_index_changelog", 1000, "/data/t_index_snapshots")
     assert cfg.stream.incoming_wins_ties and cfg.stream.delete_when == "op = 'd'"
     assert cfg.commit == sections.CommitSection("auto", "auto", False, 10, None, "/data/cp", 0.5)
     assert cfg.runtime.tags_on_driver("local[2]") and not cfg.runtime.tags_on_driver("local-cluster[2,1,1024]")
@@ -61,6 +61,22 @@ def test_the_task_context_takes_the_sections_whole():
     assert (ctx.table, ctx.stream, ctx.index) == (cfg.table, cfg.stream, cfg.index)
     assert (ctx.tombstone_uri, ctx.tombstone_ttl_seconds, ctx.history) == ("/data/t_tombstones", 7200, True)
     assert not ctx.ignore_null_updates  # a history table fills nulls when it rebuilds, not in the tasks
+
+
+@pytest.mark.parametrize("every, uri, expected", [
+    (0, None, None), (0, "s3://b/snaps", None),  # off: the tasks neither publish nor restore
+    (10, None, "/data/t_index_snapshots"), (10, "s3://b/snaps", "s3://b/snaps")])
+def test_the_tasks_get_the_snapshot_location_only_when_snapshots_are_on(every, uri, expected):
+    cfg = SinkConfig(**BASE, replica_snapshot_every_versions=every, replica_snapshot_uri=uri)
+    ctx = task_context(cfg, table_id="tid", table_version=3, writer_id="w", batch_id=4, num_shards=2,
+                       output_schema=pa.schema([]), now=10.0)
+    assert (ctx.snapshot_uri, ctx.index.replica_snapshot_every_versions) == (expected, every)
+
+
+@pytest.mark.parametrize("every", [-1, 1.5, "10"])
+def test_a_snapshot_interval_that_is_not_a_count_of_versions_names_the_key(every):
+    with pytest.raises(ConfigError, match="replica_snapshot_every_versions must be an integer from 0 to 100000000"):
+        SinkConfig(**BASE, replica_snapshot_every_versions=every)
 
 
 @pytest.mark.parametrize("every", [1, 3])

@@ -137,6 +137,14 @@ class SinkOptions:
     table, the shards check in turn, one a batch."""
     verify_every_batches: int = 1
     """Run the sampled verification (`verify_fraction`) on every N-th batch."""
+    replica_snapshot_every_versions: int = 0
+    """Publish each shard's replica to `replica_snapshot_uri` once this many table versions have
+    passed since its last snapshot (and right after its first load); a process without a
+    replica (a new executor, a driver on a new disk) then starts from the newest snapshot and
+    catches up from the log, instead of reading the key columns of the whole table. 0 = off:
+    each snapshot is a copy of the replica in storage (12 bytes a key for the mirror bench's
+    12-byte keys), and with driver tagging it turns on the index changelog the catch-up reads
+    this writer's batches from."""
     index_block_cache_bytes: int = 64 << 20
     """RocksDB block cache shared by the replicas of one process (bloom filters and a data-block
     hash index are always on)."""
@@ -183,6 +191,9 @@ class SinkOptions:
     changelog_retention_versions: int = 1000
     """Changelog entries of batches that read a version this much older than the latest are
     deleted."""
+    replica_snapshot_uri: str | None = None
+    """Where replica snapshots are published (`replica_snapshot_every_versions`).
+    Default: `<table_uri>_index_snapshots`."""
     max_commit_retries: int = 10
     """After another writer's commit got in first: commit again (or tag again, when it touched
     the batch's partitions) this many times, then fail naming the other writer. Each retry

@@ -143,6 +143,7 @@ class IndexSection:
     block_cache_bytes: int
     verify_fraction: float
     verify_every_batches: int
+    replica_snapshot_every_versions: int  # 0: no snapshots
 
     @classmethod
     def of(cls, cfg: SinkOptions) -> IndexSection:
@@ -159,6 +160,7 @@ class IndexSection:
         require_int("index_block_cache_bytes", cfg.index_block_cache_bytes, 1 << 20, 1 << 40)
         require_fraction("verify_fraction", cfg.verify_fraction)
         require_int("verify_every_batches", cfg.verify_every_batches, 1, 1_000_000)
+        require_int("replica_snapshot_every_versions", cfg.replica_snapshot_every_versions, 0, 100_000_000)
         if cfg.index_max_bytes is not None:
             require_int("index_max_bytes", cfg.index_max_bytes, 1, 2**62)
             if cfg.scope == "global":
@@ -169,7 +171,7 @@ class IndexSection:
         return cls(cfg.index_dir, cfg.num_shards, cfg.bootstrap_days, cfg.partition_ttl_hours, date,
                    cfg.partition_date_format, cfg.tiering_column, cfg.index_max_bytes, cfg.hot_cache_entries,
                    cfg.resident_keys, cfg.cross_partition_check, cfg.peek_max_keys, cfg.index_block_cache_bytes,
-                   float(cfg.verify_fraction), cfg.verify_every_batches)
+                   float(cfg.verify_fraction), cfg.verify_every_batches, cfg.replica_snapshot_every_versions)
 
     def verifies(self, batch_id: int, *, shard: int = 0, num_shards: int = 1, whole_table: bool = False) -> float:
         """The share of batch `batch_id`'s keys that shard `shard` of `num_shards` checks in the
@@ -222,6 +224,7 @@ class SideTablesSection:
     tombstone_ttl_seconds: int | None  # stored deletes older than this count as absent
     changelog_uri: str
     changelog_retention_versions: int
+    replica_snapshot_uri: str
 
     @classmethod
     def of(cls, cfg: SinkOptions) -> SideTablesSection:
@@ -231,7 +234,8 @@ class SideTablesSection:
         ttl = None if cfg.tombstone_ttl_hours is None else round(cfg.tombstone_ttl_hours * 3600)
         return cls(cfg.quarantine_table_uri or sibling(cfg.table_uri, "_quarantine"),
                    cfg.tombstone_table_uri or sibling(cfg.table_uri, "_tombstones"), ttl,
-                   cfg.changelog_uri or sibling(cfg.table_uri, "_index_changelog"), cfg.changelog_retention_versions)
+                   cfg.changelog_uri or sibling(cfg.table_uri, "_index_changelog"), cfg.changelog_retention_versions,
+                   cfg.replica_snapshot_uri or sibling(cfg.table_uri, "_index_snapshots"))
 
 
 @dataclass(frozen=True)

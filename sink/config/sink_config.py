@@ -167,7 +167,7 @@ class SinkConfig(SinkOptions):
 
 
 _PATH_KEYS = ("table_uri", "checkpoint_dir", "index_dir", "quarantine_table_uri", "tombstone_table_uri",
-              "changelog_uri")
+              "changelog_uri", "replica_snapshot_uri")
 
 
 # A sink table's own `[sink.source]`: the ready job's source keys for that table's query

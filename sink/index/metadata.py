@@ -24,6 +24,7 @@ _DIRTY = b"dirty"
 _TOKEN = b"token"  # new at every clean close: tells a process its memory tier is current
 _PART = b"part:"
 _INVALIDATED = b"invalidated:"  # dropped by catch-up; its next load counts as caused by that
+_SNAPSHOT = b"snapshot_version"  # the version of its last snapshot (published, tried, or restored from)
 _PEEKED = b"peeked:"  # a partition not held, read for a batch's keys: how often since when
 
 
@@ -103,6 +104,13 @@ class ReplicaMeta:
 
     def set_version(self, version: int) -> None:
         self._db[_VERSION] = str(version).encode()
+
+    @property
+    def snapshot_version(self) -> int | None:
+        return self._int(_SNAPSHOT)
+
+    def set_snapshot_version(self, version: int) -> None:
+        self._db[_SNAPSHOT] = str(version).encode()
 
     @property
     def staged_batch(self) -> int | None:

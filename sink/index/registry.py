@@ -41,7 +41,8 @@ def acquire(path: str | os.PathLike[str], spec: str, **options) -> ShardReplica:
             replica.close()
         replica = _KEPT_OPEN[key] = ShardReplica.open(path, spec, **options)
     else:
-        replica.repaired = None  # a repair at its open was reported by the use that opened it
+        # A repair or restore at its open was reported by the use that opened it.
+        replica.repaired = replica.restored = None
     replica.lookups = dict.fromkeys(replica.lookups, 0)
     return replica
 

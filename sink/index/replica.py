@@ -22,15 +22,16 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from rocksdict import AccessType, Rdict, WriteOptions
+from rocksdict import AccessType, Checkpoint, Rdict, WriteOptions
 
 from sink.index import holder, rocks
 from sink.index.entry import Entry
 from sink.index.hot_tier import HotTier, tier_for
+from sink.index.keyspace_filters import KEY_FILTER_FILE
 from sink.index.keyspaces import Keyspaces
 from sink.index.metadata import PartitionInfo, ReplicaMeta
 from sink.index.staging import Staging
@@ -39,6 +40,9 @@ from sink.library_errors import compacted_away, first_line, is_corruption
 log = logging.getLogger(__name__)
 
 READ_ONLY_OPEN_ATTEMPTS = 5
+# Fills an empty replica directory with a replica's files (a snapshot, sink.index.snapshots):
+# the version they reflect, or None when it found none.
+Seed = Callable[[Path], int | None]
 
 
 class ShardReplica:
@@ -58,6 +62,7 @@ class ShardReplica:
         self.in_use = threading.Lock()
         self.read_only = read_only
         self.repaired: str | None = None  # why the replica was found damaged and wiped on open
+        self.restored: int | None = None  # the snapshot's version, when the open started from one
         self._identity = rocks.identity(self._files)
         self.flushed_at = time.monotonic()
         self.meta = ReplicaMeta(db)
@@ -73,22 +78,24 @@ class ShardReplica:
     @classmethod
     def open(cls, path: str | os.PathLike[str], spec: str, lock_timeout_s: float = 60.0,
              hot_cache_entries: int = 0, block_cache_bytes: int = rocks.DEFAULT_BLOCK_CACHE_BYTES,
-             resident_keys: int = 0) -> ShardReplica:
+             resident_keys: int = 0, seed: Seed | None = None) -> ShardReplica:
         """Open (or create) the replica at `path` for the given key spec.
 
         A replica of another format or key spec, one a killed process left dirty, or one
-        whose files are damaged is wiped: it costs a reload, never correctness.
+        whose files are damaged is wiped: it costs a reload, never correctness. An empty
+        one starts from what `seed` puts in its directory, when that is usable for `spec`.
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         repaired = None
         try:
-            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes)
+            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes, seed)
         except Exception as e:  # rocksdict raises a bare Exception
             if not is_corruption(e):
                 raise
             repaired = wipe(path, e)
-            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes)
+            # Not seeded again: the damage may have come with the seed.
+            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes, None)
         replica.tier = tier_for(str(path), hot_cache_entries, resident_keys, replica.meta.token)
         replica.mark_dirty()
         holder.record(path, time.time())
@@ -115,8 +122,10 @@ class ShardReplica:
         return one()
 
     @classmethod
-    def _open_for(cls, path: Path, spec: str, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica:
-        """Open read-write; a replica not usable for `spec` is replaced by an empty one."""
+    def _open_for(cls, path: Path, spec: str, lock_timeout_s: float, block_cache_bytes: int,
+                  seed: Seed | None) -> ShardReplica:
+        """Open read-write; a replica not usable for `spec` is replaced by the seeded one, if
+        usable, else by an empty one."""
         path.mkdir(parents=True, exist_ok=True)
         replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
         try:
@@ -124,12 +133,19 @@ class ShardReplica:
         except Exception:
             replica._close_db()  # frees RocksDB's lock on the path before the caller wipes it
             raise
-        if not usable:
+        for fill in ([seed] if seed is not None else []) + [None]:
+            if usable:
+                return replica
             replica._close_db()
             shutil.rmtree(path)
             path.mkdir(parents=True)
+            restored = fill(path) if fill is not None else None
             replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
-            replica.meta.start(spec)
+            if restored is None:
+                replica.meta.start(spec)
+                return replica
+            replica.restored = restored
+            usable = replica.meta.usable_for(spec)
         return replica
 
     @classmethod
@@ -163,6 +179,20 @@ class ShardReplica:
 
     def mark_dirty(self) -> None:
         self.meta.mark_dirty()
+
+    def copy_to(self, dest: Path) -> int | None:
+        """Copy the replica, as a close leaves it (`checkpoint`), into the new directory
+        `dest` (on its filesystem RocksDB links the table files instead of copying them); it
+        stays in use. Returns the version the copy reflects."""
+        self.checkpoint()
+        try:
+            Checkpoint(self._db).create_checkpoint(str(dest))
+            filters = self._files / KEY_FILTER_FILE
+            if filters.exists():
+                shutil.copyfile(filters, dest / KEY_FILTER_FILE)
+        finally:
+            self.mark_dirty()
+        return self.version
 
     def replaced(self) -> bool:
         """Whether its directory no longer holds this open database: removed, or another one

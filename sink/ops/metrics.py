@@ -35,6 +35,11 @@ CHANGELOG_APPLIED = Counter(
     "upsert_sink_index_changelog_entries_applied", "Index changelog entries applied by catching-up replicas",
     _LABEL,
 )
+REPLICA_SNAPSHOTS = Counter(
+    "upsert_sink_index_replica_snapshots",
+    "Shard replica snapshots published, and replicas that started from one instead of reading the table "
+    "(replica_snapshot_every_versions)", [*_LABEL, "event"],
+)
 REPLICAS_REPAIRED = Counter(
     "upsert_sink_index_replicas_repaired", "Shard replicas found damaged, wiped and rebuilt from the table", _LABEL,
 )
@@ -165,6 +170,8 @@ def start(sink: str, ops: Iterable[str]) -> None:
         COMMITS.labels(sink, mode)
     for how in ("marked", "rewritten"):
         FILES_CHANGED.labels(sink, how)
+    for event in ("published", "restored"):
+        REPLICA_SNAPSHOTS.labels(sink, event)
     for outcome in placement.WITHOUT_PARTITION:
         WITHOUT_PARTITION.labels(sink, outcome)
     for op in ops:
@@ -202,6 +209,8 @@ def publish(sink: str, report) -> None:
     for outcome, n in report.without_partition.items():
         WITHOUT_PARTITION.labels(sink, outcome).inc(n)
     CHANGELOG_APPLIED.labels(sink).inc(report.changelog_applied)
+    REPLICA_SNAPSHOTS.labels(sink, "published").inc(report.snapshots_published)
+    REPLICA_SNAPSHOTS.labels(sink, "restored").inc(report.snapshots_restored)
     VERIFIED_KEYS.labels(sink).inc(report.verified_keys)
     VERIFY_MISMATCHES.labels(sink).inc(report.verify_mismatches)
     if any(report.partition_loads.values()):

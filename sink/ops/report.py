@@ -66,6 +66,9 @@ class BatchReport:
     # changelog entries they applied to catch up.
     shard_moves: int = 0
     changelog_applied: int = 0
+    # Replicas that started from a published snapshot, and snapshots published (sink.index.snapshots).
+    snapshots_restored: int = 0
+    snapshots_published: int = 0
     # The sampled verification (verify_fraction): keys checked, those the replica and the tables
     # disagreed on (their partitions reloaded before tagging), and examples.
     verified_keys: int = 0
@@ -141,7 +144,8 @@ class BatchReport:
         self.table_hits = sum(s.lookups["table"] for s in stats_rows)
         self.table_misses = sum(s.lookups["table_miss"] for s in stats_rows)
         for name in ("load_seconds", "loaded_keys", "commits_read", "invalidated", "evicted",
-                     "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied"):
+                     "partitions_held", "cached_records", "cached_bytes", "shard_moves", "changelog_applied",
+                     "snapshots_restored", "snapshots_published"):
             setattr(self, name, sum(getattr(s, name) for s in stats_rows))
         self.replicas_rebuilt = sum(s.rebuilt for s in stats_rows)
         self.keys_in_other_partition = sum(s.cross_partition_keys for s in stats_rows)
@@ -174,6 +178,8 @@ class BatchReport:
             f"hits={self.hits} misses={self.misses} loads={sum(self.partition_loads.values())} "
             f"peeks={self.partition_peeks} "
             f"moves={self.shard_moves} verified={self.verified_keys} "
+            + (f"snapshots_restored={self.snapshots_restored} snapshots_published={self.snapshots_published} "
+               if self.snapshots_restored or self.snapshots_published else "")
             + (f"verify_mismatches={self.verify_mismatches} " if self.verify_mismatches else "")
             + f"mode={self.mode} "
             + (f"files_marked={self.files_marked} files_rewritten={self.files_rewritten} "

@@ -54,7 +54,7 @@ from sink.lakehouse.engines import open_tables
 from sink.lakehouse.engines.delta_rs import rows_in
 from sink.library_errors import first_line, is_corruption
 from sink.ordering import helper_columns
-from sink.tagging import sampled_check
+from sink.tagging import replica_snapshots, sampled_check
 from sink.tagging.append_only import stored_row_changes
 from sink.tagging.classify import DELETE, INSERT, TOMBSTONE, UPDATE, tag, tag_global
 from sink.tagging.moves import keep_stored_values, placed
@@ -198,6 +198,7 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource,
         )
         _count_loads(stats, {"bootstrap": booted.partitions}, booted)
     replica.keyspaces.hold_wanted()
+    replica_snapshots.publish_if_due(ctx, replica, shard, stats)
 
 
 def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats) -> pa.Table:
@@ -223,13 +224,15 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
     unplaced = np.zeros(rows.num_rows, bool) if located else unplaced_deletes(rows, ctx.table.partition_by,
                                                                                rows.column(C.DELETE))
     quarantined = None
-    with use_replica(ctx, path) as replica, LazySource(ctx, shard) as source:
+    with use_replica(ctx, path, shard=shard) as replica, LazySource(ctx, shard) as source:
         clock.lap("open")
         stats.replicas_repaired += replica.repaired is not None
+        stats.snapshots_restored += replica.restored is not None
         prepare_replica(ctx, replica, source, shard, stats)
         clock.lap("catch_up")
         held = set(replica.partitions())  # before this task's loads: those are fresh from the tables
         needed, everywhere, peeked = _hold(ctx, replica, source, pids, rows.column(C.KEY), unplaced.any(), stats)
+        replica_snapshots.publish_if_due(ctx, replica, shard, stats)  # once loaded, before the batch is staged
         clock.lap("load")
         if unplaced.any():
             rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
@@ -529,10 +532,10 @@ FLUSH_EVERY_S = 60.0
 
 
 @contextmanager
-def use_replica(ctx: TaskContext, path, flush: bool = True):
+def use_replica(ctx: TaskContext, path, flush: bool = True, *, shard: int):
     """`_use`, where a failure of a replica whose directory was removed during the use is a
     ReplicaLostError (invariant 3: losing the replica costs a rebuild, not the batch)."""
-    with _use(ctx, path, flush) as replica:
+    with _use(ctx, path, flush, shard) as replica:
         try:
             yield replica
         except Exception as e:
@@ -542,12 +545,13 @@ def use_replica(ctx: TaskContext, path, flush: bool = True):
 
 
 @contextmanager
-def _use(ctx: TaskContext, path, flush: bool):
+def _use(ctx: TaskContext, path, flush: bool, shard: int):
     """The shard's replica for one use: kept open by the driver (`flush`: flushed after the use
     when its last flush is FLUSH_EVERY_S old) or by a reused Python worker (checkpointed in
     the background, sink.index.worker_replicas), else opened and closed."""
     options = {"hot_cache_entries": ctx.index.hot_cache_entries, "block_cache_bytes": ctx.index.block_cache_bytes,
-               "resident_keys": resident_keys(ctx.index.resident_keys, driver=ctx.keep_open)}
+               "resident_keys": resident_keys(ctx.index.resident_keys, driver=ctx.keep_open),
+               "seed": replica_snapshots.seed(ctx, shard)}
     if not ctx.keep_open:
         if worker_replicas.reused_worker():
             with worker_replicas.use(path, ctx.spec, **options) as replica:

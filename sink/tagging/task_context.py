@@ -40,6 +40,7 @@ class TaskContext:
     driver_local_dir: str | None = None  # spark.local.dir as the driver sees it
     keep_open: bool = False  # tagging in the driver: replicas stay open between batches
     changelog_uri: str | None = None  # this writer's index changelog (None: not kept)
+    snapshot_uri: str | None = None  # where replica snapshots are published (None: off)
     # The batch's input files, oldest first; None: each task orders its own (sink.arrival).
     file_order: tuple[int, ...] | None = ()
     write_files: bool = False  # Spark tasks write the batch's files: output shaped for them
@@ -104,7 +105,9 @@ def task_context(cfg: SinkConfig, **batch) -> TaskContext:
     TaskContext's other fields, by name)."""
     side = cfg.side_tables
     return TaskContext(table=cfg.table, stream=cfg.stream, index=cfg.index, tombstone_uri=side.tombstone_uri,
-                       tombstone_ttl_seconds=side.tombstone_ttl_seconds, history=cfg.scd_type == 2, **batch)
+                       tombstone_ttl_seconds=side.tombstone_ttl_seconds, history=cfg.scd_type == 2,
+                       snapshot_uri=side.replica_snapshot_uri if cfg.index.replica_snapshot_every_versions else None,
+                       **batch)
 
 
 def spark_local_dirs(env: dict[str, str] | None = None) -> list[str]:

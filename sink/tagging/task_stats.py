@@ -45,6 +45,8 @@ class TaskStats:
     replicas_repaired: int = 0
     shard_moves: int = 0
     changelog_applied: int = 0
+    snapshots_restored: int = 0  # replicas that started from a snapshot (sink.index.snapshots)
+    snapshots_published: int = 0
     lookups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOOKUP_TIERS, 0))
     peeks: int = 0
     partitions_held: int = 0
