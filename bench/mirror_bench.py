@@ -7,7 +7,10 @@ every table ends equal to an independent oracle (pyarrow, not Spark).
 
 Per contender and size: seconds per batch (median after the first: the slope over sizes is the
 point), the commit phase, the bytes and files the batch's commits wrote, removed and marked, and, for
-executor tagging, how many writing tasks wrote and the busiest one's share.
+executor tagging, how many writing tasks wrote and the busiest one's share. Every contender
+then runs RESTARTED batches more; the sink's run in a restarted sink whose replicas were lost
+(a new process on new disks), which starts from the replica snapshots the stream published
+(`replica_snapshot_every_versions`).
 
     python -m bench.run --mirror --sizes 1000000 10000000 50000000 --batches 4
 """
@@ -35,6 +38,10 @@ REPEATS = 0.02  # of the updates: the key sent again, later in the batch, newer
 STALE = 0.02  # of the updates: older than the stored row (changes nothing)
 CONTENDERS = ("spark-merge-careful", "sink", "sink-executors")
 TAG_ON = {"sink": "driver", "sink-executors": "executors"}
+# A snapshot of each replica at its first load, then every this many versions: the restart
+# starts from one a few batches old and replays this writer's batches since from the changelog.
+SNAPSHOT_EVERY = 100
+RESTARTED = 2  # the restart's batch, and the one after it (a new process's caches fill in both)
 _EPOCH_US = 1_790_000_000_000_000
 
 
@@ -122,8 +129,7 @@ def commit_sizes(uri: str, after: int) -> list[dict]:
 
 def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, deletion_vectors: bool,
              shards: int = 2, contenders: tuple[str, ...] = CONTENDERS) -> dict:
-    from sink import SinkConfig, UpsertSink
-    from sink.lakehouse.commit import file_cache
+    from sink import SinkConfig
 
     case = work / f"mirror-{table_rows}{'-dv' if deletion_vectors else ''}"
     template, landing = case / "start", case / "landing"
@@ -131,7 +137,7 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
     write_start_table(str(template), table_rows)
     if deletion_vectors:
         spark.sql(f"ALTER TABLE delta.`{template}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-    write_batches(landing, table_rows, batches, batch_rows)
+    write_batches(landing, table_rows, batches + RESTARTED, batch_rows)  # the sink's last ones after a restart
     expected = oracle(table_rows, landing)
     out: dict = {"workload": "mirror", "table_rows": table_rows, "deletion_vectors": deletion_vectors,
                  "batches": batches, "batch_rows": batch_rows, "setup_seconds": round(time.perf_counter() - started, 1)}
@@ -143,17 +149,15 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
             cfg = SinkConfig(table_uri=str(uri), key=["id"], partition_by=[], ordering="event_time",
                              delete_when="op = 'd'", checkpoint_dir=str(case / name / "cp"),
                              index_dir=str(case / name / "index"), num_shards=shards, metrics_port=0,
-                             tag_on=TAG_ON[name])
-            file_cache.WRITTEN.clear()  # the previous case's files
-            sink = UpsertSink(cfg)
-            seconds, reports, _ = stream(spark, landing, case / name / "cp", sink)
-            sink.close()
+                             tag_on=TAG_ON[name], replica_snapshot_every_versions=SNAPSHOT_EVERY)
+            seconds, reports, restart = _stream_then_restart(spark, landing, case / name, cfg)
             figures = {
                 "commit_seconds": round(median_after_first([r.commit_seconds for r in reports]), 3),
                 "phases": phase_medians(reports), "modes": [r.mode for r in reports],
                 "write_tasks": [r.write_tasks for r in reports],
                 "write_busiest_share": [round(r.write_busiest_share, 2) for r in reports],
                 "files_marked_rewritten": [(r.files_marked, r.files_rewritten) for r in reports],
+                **restart,
             }
         else:
             merge = SparkMerge(str(uri), careful=False, scope="global")  # ON the key: no partition to prune by
@@ -164,10 +168,10 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
             "batch_seconds": [round(s, 3) for s in seconds],
             "median_after_first": round(median_after_first(seconds), 3),
             **figures,
-            "mb_added_per_batch": round(sum(s["bytes_added"] for s in sizes) / batches / 1e6, 2),
-            "files_added_per_batch": round(sum(s["files_added"] for s in sizes) / batches, 1),
-            "files_removed_per_batch": round(sum(s["files_removed"] for s in sizes) / batches, 1),
-            "files_marked_per_batch": round(sum(s["files_marked"] for s in sizes) / batches, 1),
+            "mb_added_per_batch": round(sum(s["bytes_added"] for s in sizes) / (batches + RESTARTED) / 1e6, 2),
+            "files_added_per_batch": round(sum(s["files_added"] for s in sizes) / (batches + RESTARTED), 1),
+            "files_removed_per_batch": round(sum(s["files_removed"] for s in sizes) / (batches + RESTARTED), 1),
+            "files_marked_per_batch": round(sum(s["files_marked"] for s in sizes) / (batches + RESTARTED), 1),
             "table_equal_to_oracle": global_bench._sorted(table_contents(str(uri))).equals(expected),
         }
         shutil.rmtree(case / name, ignore_errors=True)
@@ -179,6 +183,39 @@ def run_case(spark, work: Path, table_rows: int, batches: int, batch_rows: int, 
                 out[f"ratio_merge_over_{name.replace('-', '_')}"] = round(
                     merge["median_after_first"] / out[name]["median_after_first"], 2)
     return out
+
+
+def _stream_then_restart(spark, landing: Path, where: Path, cfg) -> tuple[list[float], list, dict]:
+    """The stream but its last RESTARTED batches, then those in a new sink whose replicas were
+    lost: the seconds of the batches before, the reports of all, and the restart's figures."""
+    from sink import UpsertSink
+    from sink.lakehouse.commit import file_cache
+
+    last = sorted(landing.glob("batch-*.parquet"))[-RESTARTED:]
+    where.mkdir(parents=True, exist_ok=True)
+    for path in last:
+        shutil.move(path, where / path.name)
+    try:
+        file_cache.WRITTEN.clear()  # the previous case's files
+        sink = UpsertSink(cfg)
+        seconds, reports, _ = stream(spark, landing, Path(cfg.checkpoint_dir), sink)
+        sink.close()
+    finally:
+        for path in last:
+            shutil.move(where / path.name, path)
+    shutil.rmtree(cfg.index_dir)
+    file_cache.WRITTEN.clear()  # a new process holds none of the files the last one wrote
+    sink = UpsertSink(cfg)
+    again, restarted, _ = stream(spark, landing, Path(cfg.checkpoint_dir), sink)
+    sink.close()
+    again, restarted = again[len(seconds):], restarted[len(reports):]  # `stream` lists the query's every batch
+    steady = median_after_first(seconds)
+    return seconds, [*reports, *restarted], {
+        "restart_seconds": [round(s, 3) for s in again],
+        "restart_snapshots_restored": restarted[0].snapshots_restored,
+        "restart_phases": [{p: round(s, 3) for p, s in r.phases.items() if s} for r in restarted],
+        "restart_over_median": [round(s / steady, 2) for s in again],
+    }
 
 
 def run(spark, work: Path, sizes: list[int], batches: int, batch_rows: int, log=print) -> list[dict]:
