@@ -17,8 +17,11 @@ def first_line(error: BaseException) -> str:
 
 
 def is_corruption(error: BaseException) -> bool:
-    """RocksDB found the replica's files damaged (truncated SST, checksum mismatch, bad MANIFEST)."""
-    return "Corruption" in str(error)
+    """RocksDB found the replica's files damaged (truncated SST, checksum mismatch, bad MANIFEST),
+    or a column family its MANIFEST lists and its OPTIONS file lacks: a process killed between
+    writing the two as it created the family (a Debezium job SIGKILLed mid-load left one)."""
+    text = str(error)
+    return "Corruption" in text or "Column families not opened" in text
 
 
 def compacted_away(error: BaseException) -> bool:

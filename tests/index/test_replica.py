@@ -120,6 +120,21 @@ def test_a_replica_left_open_by_a_dead_process_is_wiped(path):
         assert again.version is None and again.partitions() == {}
 
 
+def test_a_replica_killed_while_it_created_a_column_family_is_wiped_on_open_and_says_why(path):
+    with ShardReplica.open(path, SPEC) as r:
+        options = {f.name: f.read_bytes() for f in path.glob("OPTIONS-*")}
+    r = ShardReplica.open(path, SPEC)
+    r.load_partition("p", [b"a"], [Entry(1)], reason="on_demand")
+    r._close_db()
+    for f in path.glob("OPTIONS-*"):  # killed after the MANIFEST named the family, before the OPTIONS file did
+        f.unlink()
+    for name, data in options.items():
+        (path / name).write_bytes(data)
+    with ShardReplica.open(path, SPEC) as again:
+        assert again.repaired.startswith("Invalid argument: Column families not opened: p:p")
+        assert (again.version, again.partitions()) == (None, {})
+
+
 def test_touch_updates_last_access(path):
     with ShardReplica.open(path, SPEC) as r:
         r.load_partition("p", [], [], reason="on_demand", now=1.0)
