@@ -79,6 +79,14 @@ def test_a_snapshot_interval_that_is_not_a_count_of_versions_names_the_key(every
         SinkConfig(**BASE, replica_snapshot_every_versions=every)
 
 
+def test_a_snapshot_interval_past_the_changelog_retention_is_refused_naming_both_keys():
+    with pytest.raises(ConfigError, match=r"replica_snapshot_every_versions \(2000\) must be at most "
+                                          r"changelog_retention_versions \(1000\)"):
+        SinkConfig(**BASE, replica_snapshot_every_versions=2000)
+    assert SinkConfig(**BASE, replica_snapshot_every_versions=2000,
+                      changelog_retention_versions=2000).index.replica_snapshot_every_versions == 2000
+
+
 @pytest.mark.parametrize("every", [1, 3])
 def test_the_shards_of_an_unpartitioned_table_verify_in_turn(every):
     """Each shard's check there reads the whole table: one shard a checked batch, each in turn;

@@ -141,7 +141,8 @@ class SinkOptions:
     """Publish each shard's replica to `replica_snapshot_uri` once this many table versions have
     passed since its last snapshot (and right after its first load); a process without a
     replica (a new executor, a driver on a new disk) then starts from the newest snapshot and
-    catches up from the log, instead of reading the key columns of the whole table. 0 = off:
+    catches up from the log, instead of reading the key columns of the whole table. At most
+    `changelog_retention_versions`, whose changelog the catch-up replays. 0 = off:
     each snapshot is a copy of the replica in storage (12 bytes a key for the mirror bench's
     12-byte keys), and with driver tagging it turns on the index changelog the catch-up reads
     this writer's batches from."""

@@ -161,6 +161,12 @@ class IndexSection:
         require_fraction("verify_fraction", cfg.verify_fraction)
         require_int("verify_every_batches", cfg.verify_every_batches, 1, 1_000_000)
         require_int("replica_snapshot_every_versions", cfg.replica_snapshot_every_versions, 0, 100_000_000)
+        retention = cfg.changelog_retention_versions
+        if isinstance(retention, int) and cfg.replica_snapshot_every_versions > retention:
+            raise ConfigError(
+                f"replica_snapshot_every_versions ({cfg.replica_snapshot_every_versions}) must be at most "
+                f"changelog_retention_versions ({retention}): a replica restored from a snapshot replays this "
+                "writer's batches since from the changelog, and reloads what is past it")
         if cfg.index_max_bytes is not None:
             require_int("index_max_bytes", cfg.index_max_bytes, 1, 2**62)
             if cfg.scope == "global":

@@ -93,9 +93,8 @@ class ShardReplica:
         except Exception as e:  # rocksdict raises a bare Exception
             if not is_corruption(e):
                 raise
-            repaired = wipe(path, e)
-            # Not seeded again: the damage may have come with the seed.
-            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes, None)
+            repaired = wipe(path, e)  # the local replica's damage: a seeded one that fails to open is let go
+            replica = cls._open_for(path, spec, lock_timeout_s, block_cache_bytes, seed)
         replica.tier = tier_for(str(path), hot_cache_entries, resident_keys, replica.meta.token)
         replica.mark_dirty()
         holder.record(path, time.time())
@@ -128,25 +127,48 @@ class ShardReplica:
         usable, else by an empty one."""
         path.mkdir(parents=True, exist_ok=True)
         replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
+        _sweep_beside(path)  # ours alone now: what a killed restore or publish of it left
         try:
             usable = replica.meta.usable_for(spec)
         except Exception:
             replica._close_db()  # frees RocksDB's lock on the path before the caller wipes it
             raise
-        for fill in ([seed] if seed is not None else []) + [None]:
-            if usable:
+        if usable:
+            return replica
+        seeded = _seeded(path, seed)  # filled while this open holds the lock
+        replica._close_db()
+        shutil.rmtree(path)
+        if seeded is not None:
+            os.rename(seeded[0], path)
+            replica = cls._opened_if_usable(path, spec, lock_timeout_s, block_cache_bytes)
+            if replica is not None:
+                replica.restored = seeded[1]
                 return replica
-            replica._close_db()
             shutil.rmtree(path)
-            path.mkdir(parents=True)
-            restored = fill(path) if fill is not None else None
-            replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
-            if restored is None:
-                replica.meta.start(spec)
-                return replica
-            replica.restored = restored
-            usable = replica.meta.usable_for(spec)
+        path.mkdir(parents=True)
+        replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
+        replica.meta.start(spec)
         return replica
+
+    @classmethod
+    def _opened_if_usable(cls, path: Path, spec: str, lock_timeout_s: float,
+                          block_cache_bytes: int) -> ShardReplica | None:
+        """The seeded replica at `path`, open, if it is usable for `spec` (closed if not; any
+        error opening it is logged: the caller starts an empty one instead)."""
+        try:
+            replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
+        except Exception as e:
+            log.warning("replica %s: the snapshot it started from does not open (%s); starting empty", path,
+                        first_line(e))
+            return None
+        try:
+            if replica.meta.usable_for(spec):
+                return replica
+        except Exception as e:
+            log.warning("replica %s: the snapshot it started from is unreadable (%s); starting empty", path,
+                        first_line(e))
+        replica._close_db()
+        return None
 
     @classmethod
     def _locked_open(cls, path: Path, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica:
@@ -184,8 +206,8 @@ class ShardReplica:
         """Copy the replica, as a close leaves it (`checkpoint`), into the new directory
         `dest` (on its filesystem RocksDB links the table files instead of copying them); it
         stays in use. Returns the version the copy reflects."""
-        self.checkpoint()
-        try:
+        try:  # marked dirty again even when the checkpoint fails after marking it clean
+            self.checkpoint()
             Checkpoint(self._db).create_checkpoint(str(dest))
             filters = self._files / KEY_FILTER_FILE
             if filters.exists():
@@ -329,6 +351,36 @@ class ShardReplica:
 
     def discard_staged(self) -> None:
         self.meta.discard_staged()
+
+
+# Directories beside a replica's, named after it: a snapshot being restored into it, and its
+# copy being published (sink.index.snapshots.local_copy_dir).
+RESTORING, PUBLISHING = ".restore-", ".snapshot-"
+
+
+def _seeded(path: Path, seed: Seed | None) -> tuple[Path, int] | None:
+    """The files `seed` fills for the replica at `path`, in a new directory beside it (its own
+    never holds part of a snapshot: a process killed while downloading leaves the directory
+    the next open sweeps), and the version they reflect; None when it found none, or failed."""
+    if seed is None:
+        return None
+    files = path.with_name(f"{RESTORING}{path.name}-{os.urandom(6).hex()}")
+    files.mkdir()
+    try:
+        version = seed(files)
+    except Exception as e:  # a snapshot spares a load; without one the replica loads
+        log.warning("replica %s: no snapshot restored (%s); it loads from the table", path, first_line(e))
+        version = None
+    if version is None:
+        shutil.rmtree(files, ignore_errors=True)
+        return None
+    return files, version
+
+
+def _sweep_beside(path: Path) -> None:
+    for prefix in (RESTORING, PUBLISHING):
+        for stale in path.parent.glob(f"{prefix}{path.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def wipe(path: Path, error: BaseException) -> str:

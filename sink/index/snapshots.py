@@ -28,6 +28,7 @@ import obstore
 from obstore.exceptions import NotFoundError
 
 from sink.delta_log.log_store import store
+from sink.index.replica import PUBLISHING
 from sink.library_errors import first_line
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,11 @@ def publish(files: Path, version: int, place: SnapshotPlace) -> str:
         obstore.put(objects, f"{folder}/{path.name}", path)
         sizes[path.name] = path.stat().st_size
     obstore.put(objects, f"{folder}/{DONE_FILE}", json.dumps({"version": version, "files": sizes}).encode())
-    _expire(objects, place, version)
+    try:
+        _expire(objects, place, version)
+    except Exception as e:  # published all the same; the next publish expires them
+        log.warning("replica snapshots of %s/%s older than version %s not expired: %s", place.uri, place.prefix,
+                    version, first_line(e))
     return folder
 
 
@@ -85,11 +90,15 @@ def restore(place: SnapshotPlace, into: Path, at_most: int) -> int | None:
     """Download the newest finished snapshot of at most version `at_most` into the empty
     directory `into`; returns its version, or None when there is none (or none could be read:
     each failure is logged and the next older one tried, and `into` is left empty)."""
+    local = "://" not in place.uri or place.uri.startswith("file://")
+    if local and not os.path.isdir(place.uri.removeprefix("file://")):
+        return None  # none published yet
     try:
         objects = store(place.uri)
         folders = obstore.list_with_delimiter(objects, place.prefix + "/")["common_prefixes"]
-    except Exception as e:  # no snapshots yet (a missing local root), or the store unreachable
-        log.debug("no replica snapshots at %s/%s: %s", place.uri, place.prefix, first_line(e))
+    except Exception as e:
+        log.warning("replica snapshots at %s/%s not listed (%s); the replica loads from the table", place.uri,
+                    place.prefix, first_line(e))
         return None
     versions = {f: folder_version(f) for f in folders}
     usable = sorted((f for f, v in versions.items() if v is not None and v <= at_most), key=versions.get,
@@ -125,22 +134,26 @@ def _download(objects, folder: str, sizes: dict[str, int], into: Path) -> None:
 
 def _empty(directory: Path) -> None:
     for entry in directory.iterdir():
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _expire(objects, place: SnapshotPlace, newest: int) -> None:
     """Delete the shard's finished snapshots past the KEPT newest, and unfinished ones older
     than the newest (a process that stopped while uploading left them)."""
-    folders = obstore.list_with_delimiter(objects, place.prefix + "/")["common_prefixes"]
+    listed = obstore.list_with_delimiter(objects, place.prefix + "/")["common_prefixes"]
+    folders = {f: v for f in listed if (v := folder_version(f)) is not None}
     finished = {f for f in folders if _exists(objects, f"{f}/{DONE_FILE}")}
-    keep = set(sorted(finished, key=folder_version, reverse=True)[:KEPT])
-    for folder in folders:
-        version = folder_version(folder)
-        if folder in keep or version is None or (folder not in finished and version >= newest):
+    keep = set(sorted(finished, key=folders.get, reverse=True)[:KEPT])
+    for folder, version in folders.items():
+        if folder in keep or (folder not in finished and version >= newest):
             continue
         paths = [o["path"] for batch in obstore.list(objects, folder + "/") for o in batch]
-        paths.sort(key=lambda p: p.endswith(DONE_FILE), reverse=True)  # its done file first: never half read
-        obstore.delete(objects, paths)
+        done = [p for p in paths if p.endswith(DONE_FILE)]
+        obstore.delete(objects, done)  # first, on its own: a reader never takes a folder being emptied
+        obstore.delete(objects, [p for p in paths if p not in done])
         if "://" not in place.uri or place.uri.startswith("file://"):  # a local folder stays listed until removed
             shutil.rmtree(Path(place.uri.removeprefix("file://")) / folder, ignore_errors=True)
 
@@ -155,5 +168,6 @@ def _exists(objects, path: str) -> bool:
 
 def local_copy_dir(replica_path: Path) -> Path:
     """Where a replica's copy is made before its upload: beside it, on its filesystem, so that
-    RocksDB's checkpoint links its table files instead of copying them."""
-    return replica_path.parent / f".snapshot-{replica_path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    RocksDB's checkpoint links its table files instead of copying them (one a killed publish
+    leaves is swept by the replica's next open)."""
+    return replica_path.parent / f"{PUBLISHING}{replica_path.name}-{uuid.uuid4().hex[:12]}"

@@ -198,7 +198,6 @@ def prepare_replica(ctx: TaskContext, replica: ShardReplica, source: LazySource,
         )
         _count_loads(stats, {"bootstrap": booted.partitions}, booted)
     replica.keyspaces.hold_wanted()
-    replica_snapshots.publish_if_due(ctx, replica, shard, stats)
 
 
 def _tag_shard(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats) -> pa.Table:
@@ -232,7 +231,6 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
         clock.lap("catch_up")
         held = set(replica.partitions())  # before this task's loads: those are fresh from the tables
         needed, everywhere, peeked = _hold(ctx, replica, source, pids, rows.column(C.KEY), unplaced.any(), stats)
-        replica_snapshots.publish_if_due(ctx, replica, shard, stats)  # once loaded, before the batch is staged
         clock.lap("load")
         if unplaced.any():
             rows, pids, quarantined = _place(ctx, replica, rows, pids, unplaced, stats)
@@ -267,6 +265,8 @@ def _tag_shard_on(ctx: TaskContext, shard: int, rows: pa.Table, stats: TaskStats
             rows, pids = rows.filter(pa.array(~aside)), pids.filter(pa.array(~aside))
             replica.lookups, stats.lookups, stats.cross_partition_checked, stats.cross_partition_keys = counted
             inputs, result = _classify(ctx, replica, rows, pids, located, peeked, stats, clock)
+        # Loaded, checked by the sampled verification, nothing staged: as a restart would want it.
+        replica_snapshots.publish_if_due(ctx, replica, shard, stats)
         replica.stage(ctx.batch_id, result.changes, ctx.table_version)
         clock.lap("stage")
         if source.opened:  # a cold batch anyway: hold now what its lookups asked for, not in the next one

@@ -39,8 +39,8 @@ def publish_if_due(ctx: TaskContext, replica: ShardReplica, shard: int, stats: T
     next one is tried `replica_snapshot_every_versions` versions on."""
     where = place(ctx, shard)
     version = replica.version
-    if where is None or version is None or not replica.partitions() or not snapshots.due(
-            version, replica.meta.snapshot_version, ctx.index.replica_snapshot_every_versions):
+    if (where is None or version is None or replica.staged_batch is not None or not replica.partitions()
+            or not snapshots.due(version, replica.meta.snapshot_version, ctx.index.replica_snapshot_every_versions)):
         return
     replica.meta.set_snapshot_version(version)  # before the copy: a replica restored from it has it
     local = snapshots.local_copy_dir(replica.path)

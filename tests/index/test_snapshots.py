@@ -134,3 +134,22 @@ def test_a_replica_a_killed_process_left_dirty_starts_from_the_snapshot(tmp_path
     with _restored(tmp_path / "b", place, at_most=9) as restored:
         assert (restored.restored, restored.version) == (7, 7)
         assert restored.lookup("", KEYS) == [entries[k] for k in KEYS]
+
+
+def test_a_seed_that_fails_midway_leaves_an_empty_replica_and_nothing_beside_it(tmp_path):
+    def failing(into: Path) -> int:
+        (into / "CURRENT").write_text("MANIFEST-000005\n")  # what a download had got to
+        raise OSError("connection reset")
+
+    with ShardReplica.open(tmp_path / "b", SPEC, seed=failing) as replica:
+        assert (replica.restored, replica.version, replica.partitions()) == (None, None, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_an_open_sweeps_what_a_killed_restore_or_publish_left_beside_the_replica(tmp_path):
+    for left in (".restore-b-0a1b2c", ".snapshot-b-3d4e5f", ".snapshot-bb-6a7b8c"):
+        (tmp_path / left).mkdir()
+        (tmp_path / left / "000011.sst").write_bytes(b"part of a file")
+    with ShardReplica.open(tmp_path / "b", SPEC):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".snapshot-bb-6a7b8c", "b"]  # another replica's stays
