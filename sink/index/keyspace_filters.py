@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -66,6 +67,12 @@ class KeyspaceFilters:
         part = path.with_suffix(".part")
         part.write_bytes(saved_bytes({pid: f.to_bytes(token) for pid, f in filters.items() if f is not None}))
         os.replace(part, path)
+
+    def copy_saved(self, dest: Path) -> None:
+        """Copy the saved filters (as `save` left them) into another replica's directory."""
+        saved = self._files / KEY_FILTER_FILE
+        if saved.exists():
+            shutil.copyfile(saved, dest / KEY_FILTER_FILE)
 
     def forget(self, pid: str) -> None:
         """A keyspace dropped: its filter goes (a reload builds a new one)."""

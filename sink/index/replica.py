@@ -31,7 +31,6 @@ from rocksdict import AccessType, Checkpoint, Rdict, WriteOptions
 from sink.index import holder, rocks
 from sink.index.entry import Entry
 from sink.index.hot_tier import HotTier, tier_for
-from sink.index.keyspace_filters import KEY_FILTER_FILE
 from sink.index.keyspaces import Keyspaces
 from sink.index.metadata import PartitionInfo, ReplicaMeta
 from sink.index.staging import Staging
@@ -140,7 +139,7 @@ class ShardReplica:
         shutil.rmtree(path)
         if seeded is not None:
             os.rename(seeded[0], path)
-            replica = cls._opened_if_usable(path, spec, lock_timeout_s, block_cache_bytes)
+            replica = _opened_if_usable(path, spec, lock_timeout_s, block_cache_bytes)
             if replica is not None:
                 replica.restored = seeded[1]
                 return replica
@@ -149,26 +148,6 @@ class ShardReplica:
         replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
         replica.meta.start(spec)
         return replica
-
-    @classmethod
-    def _opened_if_usable(cls, path: Path, spec: str, lock_timeout_s: float,
-                          block_cache_bytes: int) -> ShardReplica | None:
-        """The seeded replica at `path`, open, if it is usable for `spec` (closed if not; any
-        error opening it is logged: the caller starts an empty one instead)."""
-        try:
-            replica = cls._locked_open(path, lock_timeout_s, block_cache_bytes)
-        except Exception as e:
-            log.warning("replica %s: the snapshot it started from does not open (%s); starting empty", path,
-                        first_line(e))
-            return None
-        try:
-            if replica.meta.usable_for(spec):
-                return replica
-        except Exception as e:
-            log.warning("replica %s: the snapshot it started from is unreadable (%s); starting empty", path,
-                        first_line(e))
-        replica._close_db()
-        return None
 
     @classmethod
     def _locked_open(cls, path: Path, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica:
@@ -209,9 +188,7 @@ class ShardReplica:
         try:  # marked dirty again even when the checkpoint fails after marking it clean
             self.checkpoint()
             Checkpoint(self._db).create_checkpoint(str(dest))
-            filters = self._files / KEY_FILTER_FILE
-            if filters.exists():
-                shutil.copyfile(filters, dest / KEY_FILTER_FILE)
+            self.keyspaces.filters.copy_saved(dest)
         finally:
             self.mark_dirty()
         return self.version
@@ -375,6 +352,22 @@ def _seeded(path: Path, seed: Seed | None) -> tuple[Path, int] | None:
         shutil.rmtree(files, ignore_errors=True)
         return None
     return files, version
+
+
+def _opened_if_usable(path: Path, spec: str, lock_timeout_s: float, block_cache_bytes: int) -> ShardReplica | None:
+    """The seeded replica at `path`, open, if it is usable for `spec` (closed if not; any error
+    opening it is logged: the caller starts an empty one instead)."""
+    replica = None
+    try:
+        replica = ShardReplica._locked_open(path, lock_timeout_s, block_cache_bytes)
+        if replica.meta.usable_for(spec):
+            return replica
+    except Exception as e:
+        log.warning("replica %s: the snapshot it started from does not open (%s); starting empty", path,
+                    first_line(e))
+    if replica is not None:
+        replica._close_db()
+    return None
 
 
 def _sweep_beside(path: Path) -> None:

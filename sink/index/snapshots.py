@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -90,8 +89,8 @@ def restore(place: SnapshotPlace, into: Path, at_most: int) -> int | None:
     """Download the newest finished snapshot of at most version `at_most` into the empty
     directory `into`; returns its version, or None when there is none (or none could be read:
     each failure is logged and the next older one tried, and `into` is left empty)."""
-    local = "://" not in place.uri or place.uri.startswith("file://")
-    if local and not os.path.isdir(place.uri.removeprefix("file://")):
+    root = _local_root(place.uri)
+    if root is not None and not root.is_dir():
         return None  # none published yet
     try:
         objects = store(place.uri)
@@ -154,8 +153,15 @@ def _expire(objects, place: SnapshotPlace, newest: int) -> None:
         done = [p for p in paths if p.endswith(DONE_FILE)]
         obstore.delete(objects, done)  # first, on its own: a reader never takes a folder being emptied
         obstore.delete(objects, [p for p in paths if p not in done])
-        if "://" not in place.uri or place.uri.startswith("file://"):  # a local folder stays listed until removed
-            shutil.rmtree(Path(place.uri.removeprefix("file://")) / folder, ignore_errors=True)
+        if (root := _local_root(place.uri)) is not None:  # a local folder stays listed until removed
+            shutil.rmtree(root / folder, ignore_errors=True)
+
+
+def _local_root(uri: str) -> Path | None:
+    """The directory of a local snapshot location (as `log_store.store` reads it); None for an object store."""
+    if "://" not in uri or uri.startswith("file://"):
+        return Path(uri.removeprefix("file://"))
+    return None
 
 
 def _exists(objects, path: str) -> bool:
